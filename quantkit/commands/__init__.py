@@ -1,0 +1,1 @@
+"""One module per CLI command; each imports heavy modules inside the command function."""

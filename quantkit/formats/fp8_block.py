@@ -1,0 +1,108 @@
+"""FP8 E4M3 with block scales: weights per 128x128 tile, activations per token per 128 channels.
+
+Layout (HF fine-grained FP8, DeepSeek-V3 README_WEIGHTS.md): ``weight`` F8_E4M3 [N, K] and
+``weight_scale_inv`` F32 [ceil(N/128), ceil(K/128)]; dequantize by MULTIPLYING each tile by its
+scale (despite the name).  Edge tiles may be partial: the tile is zero-padded to 128x128 for its
+scale, then cut (DeepSeek's rule; zero padding never changes an amax).  Leading dims (stacked
+experts [E, N, K]) are batch dims with scales [E, ceil(N/128), ceil(K/128)].
+
+The one quantization formula, used by every path (kernels included):
+
+    amax = max(|x| over the tile or group, 1e-4)        # DeepSeek act_quant's floor: an
+                                                        # all-zero tile gets s = 1e-4/448
+    s    = amax / 448                 (scale_fmt "float", float32 IEEE division)
+    s    = 2**k, k = exponent(amax, "e4m3", rule)       (scale_fmt "ue8m0"; rule rceil gives
+                                                        DeepSeek's 2**ceil(log2(amax/448)))
+    q    = round_e4m3(clamp(x / s, -448, 448))          # DIVIDE, IEEE, then round
+    stored scale = s                                    # "scale_inv" is s itself
+
+Activations (DeepSeek inference/kernel.py act_quant) use the same formula per 1x128 group.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import e8m0
+from .fp8 import E4M3_MAX, round_e4m3
+from .rounding import NEAREST, Rounding
+
+BLOCK = 128
+AMAX_FLOOR = 1e-4
+SCALE_FMTS = ("float", "ue8m0")
+
+
+def _scale(amax: torch.Tensor, scale_fmt: str, rule: str) -> torch.Tensor:
+    if scale_fmt not in SCALE_FMTS:
+        raise ValueError(f"scale format must be one of {SCALE_FMTS}, not {scale_fmt!r}")
+    amax = amax.to(torch.float32).clamp(min=AMAX_FLOOR)
+    if scale_fmt == "float":
+        return amax / E4M3_MAX
+    return e8m0.pow2(e8m0.exponent(amax, "e4m3", rule))
+
+
+def _pad_tiles(x: torch.Tensor, block: int) -> torch.Tensor:
+    """[..., N, K] -> zero-padded [..., N', K'] with N', K' multiples of ``block``."""
+    n, k = x.shape[-2:]
+    pn, pk = (-n) % block, (-k) % block
+    if pn or pk:
+        x = torch.nn.functional.pad(x, (0, pk, 0, pn))
+    return x
+
+
+def tile_amax(x: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
+    """Per-tile absolute max of [..., N, K] -> float32 [..., ceil(N/b), ceil(K/b)]."""
+    p = _pad_tiles(x.to(torch.float32).abs(), block)
+    *lead, n, k = p.shape
+    return p.reshape(*lead, n // block, block, k // block, block).amax(dim=(-3, -1))
+
+
+def expand_tiles(s: torch.Tensor, n: int, k: int, block: int = BLOCK) -> torch.Tensor:
+    """Tile scales [..., tn, tk] -> per-element [..., n, k] (edge tiles cut)."""
+    return s.repeat_interleave(block, -2).repeat_interleave(block, -1)[..., :n, :k]
+
+
+def quantize_weight(
+    w: torch.Tensor,
+    scale_fmt: str = "float",
+    rule: str = e8m0.DEFAULT_RULE,
+    rounding: Rounding = NEAREST,
+    block: int = BLOCK,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., N, K] -> (F8_E4M3 [..., N, K], F32 scale_inv [..., ceil(N/128), ceil(K/128)])."""
+    n, k = w.shape[-2:]
+    s = _scale(tile_amax(w, block), scale_fmt, rule)
+    q = round_e4m3(w.to(torch.float32) / expand_tiles(s, n, k, block), rounding)
+    return q, s
+
+
+def dequantize_weight(q: torch.Tensor, scale_inv: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
+    """DeepSeek's rule: each (possibly partial) tile times its scale, in float32."""
+    n, k = q.shape[-2:]
+    want = (-(-n // block), -(-k // block))
+    if tuple(scale_inv.shape[-2:]) != want:
+        raise ValueError(f"scale grid {tuple(scale_inv.shape)} does not fit a weight of {tuple(q.shape)} in {block}x{block} tiles")
+    return q.to(torch.float32) * expand_tiles(scale_inv.to(torch.float32), n, k, block)
+
+
+def quantize_act(
+    x: torch.Tensor, scale_fmt: str = "float", rule: str = e8m0.DEFAULT_RULE, group: int = BLOCK
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., K] -> (F8_E4M3 [..., K], F32 scales [..., ceil(K/group)]), one scale per token per group."""
+    k = x.shape[-1]
+    pk = (-k) % group
+    xf = x.to(torch.float32)
+    g = torch.nn.functional.pad(xf, (0, pk)).reshape(*x.shape[:-1], -1, group)
+    s = _scale(g.abs().amax(-1), scale_fmt, rule)
+    q = round_e4m3(xf / s.repeat_interleave(group, -1)[..., :k])
+    return q, s
+
+
+def dequantize_act(q: torch.Tensor, s: torch.Tensor, group: int = BLOCK) -> torch.Tensor:
+    return q.to(torch.float32) * s.repeat_interleave(group, -1)[..., : q.shape[-1]]
+
+
+def is_pow2_scale(scale_inv: torch.Tensor) -> bool:
+    """True when every scale is an exact power of two (V3.1 ue8m0 checkpoints)."""
+    s = scale_inv.to(torch.float32)
+    return bool(((s.view(torch.int32) & 0x7FFFFF) == 0).all() and (s > 0).all())

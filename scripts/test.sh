@@ -7,6 +7,6 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
 # torch 2.13.0 CPU first: a plain `torch` requirement would pull a multi-GB CUDA build
-python -m pip install -q --disable-pip-version-check "torch==2.13.0" 2>/dev/null || python -m pip install -q --disable-pip-version-check "torch>=2.11" --index-url https://download.pytorch.org/whl/cpu
+python -m pip install -q --disable-pip-version-check "torch==2.13.0" || python -m pip install -q --disable-pip-version-check "torch>=2.11"
 python -m pip install -q --disable-pip-version-check -e ".[test]"
 exec python -m pytest -q "$@"

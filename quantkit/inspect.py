@@ -1,0 +1,170 @@
+"""``quantkit inspect``: what a checkpoint is (family, formats, sizes) and what is wrong with it.
+
+Formats are named as ``convert --to`` names them.  A linear weight's format is read off its
+tensors, not its config: ``*_blocks`` + ``*_scales`` U8 is mxfp4; an F8_E4M3 ``weight`` with an
+F32 ``weight_scale_inv`` tile grid is fp8-block (fp8-block-ue8m0 when every scale is a power of
+two); with a U8 ``weight_scale`` [N, K/32] it is mxfp8; a 16/32-bit float weight is bf16/f16/f32.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from . import families
+from .checkpoint import Checkpoint, TensorInfo
+from .formats import fp8_block
+
+SCALE_SUFFIXES = ("_scale_inv", "_scale", "_scales")
+
+
+@dataclass
+class Report:
+    path: str
+    layout: str
+    family: str | None
+    quantization_config: dict | None
+    formats: dict[str, int] = field(default_factory=dict)
+    parameters: int = 0
+    bytes_per_dtype: dict[str, int] = field(default_factory=dict)
+    shards: int = 0
+    quantized: int = 0
+    unquantized: int = 0
+    problems: list[str] = field(default_factory=list)
+    tensors: list[dict] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _scale_of(ck: Checkpoint, base: str) -> TensorInfo | None:
+    for suf in ("_scale_inv", "_scale"):
+        if base + suf in ck:
+            return ck.info(base + suf)
+    return None
+
+
+def _classify(ck: Checkpoint, t: TensorInfo, problems: list[str]) -> str | None:
+    """Format of weight tensor ``t`` (None for a scale tensor); appends what is wrong."""
+    n = t.name
+    if n.endswith("_scales") and n[: -len("_scales")] + "_blocks" in ck:
+        return None
+    if n.endswith(SCALE_SUFFIXES):
+        base = n.rsplit("_scale", 1)[0]
+        if base not in ck and base + "_blocks" not in ck:
+            problems.append(f"{n}: scale without its weight {base}")
+        return None
+    if n.endswith("_blocks"):
+        return _check_mxfp4(ck, t, problems)
+    if t.dtype == "F8_E4M3":
+        return _check_fp8(ck, t, problems)
+    return {"BF16": "bf16", "F16": "f16", "F32": "f32"}.get(t.dtype, t.dtype.lower())
+
+
+def _check_mxfp4(ck: Checkpoint, t: TensorInfo, problems: list[str]) -> str:
+    s = t.name[: -len("_blocks")] + "_scales"
+    if s not in ck:
+        problems.append(f"{t.name}: MXFP4 blocks without {s}")
+    elif t.shape[-1] != 16 or ck.info(s).shape != t.shape[:-1]:
+        problems.append(f"{s}: shape {list(ck.info(s).shape)} does not match blocks {list(t.shape)} ([..., G, 16] / [..., G])")
+    return "mxfp4"
+
+
+def _check_fp8(ck: Checkpoint, t: TensorInfo, problems: list[str]) -> str:
+    s = _scale_of(ck, t.name)
+    if s is None:
+        problems.append(f"{t.name}: F8_E4M3 weight without a weight_scale_inv / weight_scale tensor")
+        return "fp8-unscaled"
+    *lead, n, k = t.shape
+    if s.dtype == "U8":
+        if k % 32:
+            problems.append(f"{t.name}: MX tensor with K={k}, not a multiple of 32")
+        elif list(s.shape) != [*lead, n, k // 32]:
+            problems.append(f"{s.name}: shape {list(s.shape)} disagrees with weight {list(t.shape)} (want {[*lead, n, k // 32]})")
+        return "mxfp8"
+    want = [*lead, _ceil(n, 128), _ceil(k, 128)]
+    if list(s.shape) != want:
+        problems.append(f"{s.name}: shape {list(s.shape)} disagrees with weight {list(t.shape)} (want {want} for 128x128 tiles)")
+        return "fp8-block"
+    return "fp8-block-ue8m0" if fp8_block.is_pow2_scale(ck.get(s.name)) else "fp8-block"
+
+
+def _params(t: TensorInfo) -> int:
+    if t.name.endswith(SCALE_SUFFIXES):
+        return 0
+    return t.numel * 2 if t.name.endswith("_blocks") else t.numel
+
+
+def _check_config(ck: Checkpoint, fam: families.Family, problems: list[str]) -> None:
+    cfg = ck.config
+    vocab, hidden = cfg.get("vocab_size"), cfg.get("hidden_size")
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in ck and vocab and hidden and ck.info(name).shape != (vocab, hidden):
+            problems.append(f"{name}: shape {list(ck.info(name).shape)} disagrees with config vocab_size x hidden_size = [{vocab}, {hidden}]")
+    layers = {int(m.group(1)) for n in ck.names() if (m := re.match(r"model\.layers\.(\d+)\.", n))}
+    want = cfg.get("num_hidden_layers")
+    if want is not None and ck.layout == "root":
+        want += cfg.get("num_nextn_predict_layers", 0) if fam.name == "deepseek-v3" else 0
+        if layers and layers != set(range(want)):
+            problems.append(f"layers present {min(layers)}..{max(layers)} ({len(layers)}) disagree with config ({want} expected)")
+
+
+def inspect(path: str, tensors: bool = False) -> Report:
+    ck = Checkpoint(path)
+    cfg = ck.config
+    rep = Report(str(path), ck.layout, None, cfg.get("quantization_config"), shards=len(ck.files()))
+    try:
+        fam = families.detect(cfg, f"{ck.root}/config.json")
+        rep.family = fam.name
+    except ValueError as e:
+        rep.problems.append(str(e))
+        fam = None
+    fmts: Counter[str] = Counter()
+    dtypes: Counter[str] = Counter()
+    for t in ck.tensors.values():
+        dtypes[t.dtype] += t.nbytes
+        rep.parameters += _params(t)
+        fmt = _classify(ck, t, rep.problems)
+        if fmt is None:
+            continue
+        base = t.name.removesuffix("_blocks")
+        quant = fmt not in ("bf16", "f16", "f32")
+        if quant or (fam and families.is_quantized_weight(fam, base)):
+            fmts[fmt] += 1
+        rep.quantized += quant
+        rep.unquantized += not quant
+        if tensors:
+            rep.tensors.append({"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "format": fmt, "file": t.file})
+    if fam is not None:
+        _check_config(ck, fam, rep.problems)
+    rep.formats = dict(sorted(fmts.items()))
+    rep.bytes_per_dtype = dict(sorted(dtypes.items()))
+    return rep
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.3f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB"
+
+
+def render(rep: Report) -> str:
+    lines = [
+        f"# {rep.path}",
+        "",
+        f"- family: {rep.family or 'unknown'} (layout: {rep.layout})",
+        f"- formats of linear weights: {', '.join(f'{k} x{v}' for k, v in rep.formats.items()) or 'none'}",
+        f"- quantization_config: {rep.quantization_config}",
+        f"- parameters: {rep.parameters:,}",
+        f"- shards: {rep.shards}",
+        f"- weight tensors: {rep.quantized} quantized, {rep.unquantized} in source precision",
+        "- bytes per dtype: " + ", ".join(f"{k} {_gb(v)}" for k, v in rep.bytes_per_dtype.items()),
+    ]
+    if rep.tensors:
+        lines += ["", "| tensor | dtype | shape | format |", "|---|---|---|---|"]
+        lines += [f"| {t['name']} | {t['dtype']} | {t['shape']} | {t['format']} |" for t in rep.tensors]
+    lines += ["", f"problems: {len(rep.problems)}"] + [f"- {p}" for p in rep.problems]
+    return "\n".join(lines)

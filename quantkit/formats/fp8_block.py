@@ -103,6 +103,11 @@ def dequantize_act(q: torch.Tensor, s: torch.Tensor, group: int = BLOCK) -> torc
 
 
 def is_pow2_scale(scale_inv: torch.Tensor) -> bool:
-    """True when every scale is an exact power of two (V3.1 ue8m0 checkpoints)."""
-    s = scale_inv.to(torch.float32)
-    return bool(((s.view(torch.int32) & 0x7FFFFF) == 0).all() and (s > 0).all())
+    """True when every scale is 2**k with -127 <= k <= 127, an E8M0 value (V3.1 ue8m0 checkpoints).
+
+    Inf is not (its mantissa field is zero too); 2**-127 is a float32 subnormal (0x00400000)."""
+    bits = scale_inv.to(torch.float32).view(torch.int32)
+    e_field = (bits >> 23) & 0xFF
+    normal = ((bits & 0x7FFFFF) == 0) & (bits > 0)  # sign clear, mantissa zero
+    ok = (normal & (e_field >= 1) & (e_field <= 254)) | (bits == 0x00400000)
+    return bool(ok.all())

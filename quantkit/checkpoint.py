@@ -371,24 +371,34 @@ class CheckpointWriter:
         for p in src.side_files():
             shutil.copy2(p, self.tmp / p.name)
 
-    def finish(self, plans: list[ShardPlan], config: dict, manifest: dict) -> Path:
-        """Write index, config and quantkit.json, then commit by rename."""
+    def finish(self, plans: list[ShardPlan], config: dict, manifest: dict, weights_dir: str = "") -> Path:
+        """Write index, config and quantkit.json, then commit by rename.
+
+        ``weights_dir``: the shards live in that subfolder (their ``file`` starts with it, e.g.
+        GPT-OSS's ``original/``); the index goes beside them, config.json stays at the root."""
         missing = [p.file for p in plans if p.file not in self.done]
         if missing:
             raise CheckpointError(f"{self.dst}: shards not written: {', '.join(missing)}")
+        prefix = f"{weights_dir}/" if weights_dir else ""
         index = {
             "metadata": {"total_size": sum(p.nbytes for p in plans)},
-            "weight_map": {s.name: p.file for p in plans for s in p.specs},
+            "weight_map": {s.name: p.file.removeprefix(prefix) for p in plans for s in p.specs},
         }
-        self.put_json(INDEX, index)
+        self.put_json(prefix + INDEX, index)
         self.put_json("config.json", config)
         files = {p.file: self.done[p.file] for p in plans}
-        for p in sorted(self.tmp.iterdir()):
-            if p.is_file() and p.name not in files and p.name != PROGRESS:
-                files[p.name] = sha256_file(p)
+        for p in sorted(self.tmp.rglob("*")):
+            rel = p.relative_to(self.tmp).as_posix()
+            if p.is_file() and rel not in files and rel != PROGRESS:
+                files[rel] = sha256_file(p)
         manifest = {"quantkit_version": __version__, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **manifest, "files": dict(sorted(files.items()))}
         self.put_json(MANIFEST, manifest)
         (self.tmp / PROGRESS).unlink()
+        return self._commit()
+
+    def commit(self) -> Path:
+        """Commit the partial directory as the caller laid it out (e.g. shard's rank directories with their own indexes)."""
+        (self.tmp / PROGRESS).unlink(missing_ok=True)
         return self._commit()
 
     def _commit(self) -> Path:

@@ -16,7 +16,9 @@ from . import families
 from .checkpoint import Checkpoint, TensorInfo
 from .formats import fp8_block
 
-SCALE_SUFFIXES = ("_scale_inv", "_scale", "_scales")
+SCALE_SUFFIXES = ("_scale_inv", "_scale", "_scales", ".scales")
+# MXFP4 blocks/scales suffix pairs: HF root layout and OpenAI's original/ layout
+MX_PAIRS = (("_blocks", "_scales"), (".blocks", ".scales"))
 
 
 @dataclass
@@ -52,22 +54,23 @@ def _scale_of(ck: Checkpoint, base: str) -> TensorInfo | None:
 def _classify(ck: Checkpoint, t: TensorInfo, problems: list[str]) -> str | None:
     """Format of weight tensor ``t`` (None for a scale tensor); appends what is wrong."""
     n = t.name
-    if n.endswith("_scales") and n[: -len("_scales")] + "_blocks" in ck:
-        return None
+    for blk, sc in MX_PAIRS:
+        if n.endswith(sc) and n[: -len(sc)] + blk in ck:
+            return None
+        if n.endswith(blk):
+            return _check_mxfp4(ck, t, blk, sc, problems)
     if n.endswith(SCALE_SUFFIXES):
         base = n.rsplit("_scale", 1)[0]
         if base not in ck and base + "_blocks" not in ck:
             problems.append(f"{n}: scale without its weight {base}")
         return None
-    if n.endswith("_blocks"):
-        return _check_mxfp4(ck, t, problems)
     if t.dtype == "F8_E4M3":
         return _check_fp8(ck, t, problems)
     return {"BF16": "bf16", "F16": "f16", "F32": "f32"}.get(t.dtype, t.dtype.lower())
 
 
-def _check_mxfp4(ck: Checkpoint, t: TensorInfo, problems: list[str]) -> str:
-    s = t.name[: -len("_blocks")] + "_scales"
+def _check_mxfp4(ck: Checkpoint, t: TensorInfo, blk: str, sc: str, problems: list[str]) -> str:
+    s = t.name[: -len(blk)] + sc
     if s not in ck:
         problems.append(f"{t.name}: MXFP4 blocks without {s}")
     elif t.shape[-1] != 16 or ck.info(s).shape != t.shape[:-1]:
@@ -97,7 +100,7 @@ def _check_fp8(ck: Checkpoint, t: TensorInfo, problems: list[str]) -> str:
 def _params(t: TensorInfo) -> int:
     if t.name.endswith(SCALE_SUFFIXES):
         return 0
-    return t.numel * 2 if t.name.endswith("_blocks") else t.numel
+    return t.numel * 2 if t.name.endswith(("_blocks", ".blocks")) else t.numel
 
 
 def _check_config(ck: Checkpoint, fam: families.Family, problems: list[str]) -> None:
@@ -132,7 +135,7 @@ def inspect(path: str, tensors: bool = False) -> Report:
         fmt = _classify(ck, t, rep.problems)
         if fmt is None:
             continue
-        base = t.name.removesuffix("_blocks")
+        base = t.name.removesuffix("_blocks").removesuffix(".blocks")
         quant = fmt not in ("bf16", "f16", "f32")
         if quant or (fam and families.is_quantized_weight(fam, base)):
             fmts[fmt] += 1

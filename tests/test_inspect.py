@@ -114,3 +114,15 @@ def test_unreadable_checkpoint_is_a_clean_error(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["inspect", str(d)])
     assert r.exit_code == 1 and "Error:" in r.output and "model.safetensors" in r.output
     assert "Traceback" not in r.output
+
+
+def test_synth_checkpoints_of_every_family_are_clean(tmp_path: Path) -> None:
+    from quantkit.synth import synthesize
+
+    cases = [("gpt-oss", "root", "mxfp4"), ("gpt-oss", "original", "mxfp4"), ("deepseek-v3", "root", "fp8-block"), ("qwen3-moe", "root", "bf16")]
+    for fam, layout, fmt in cases:
+        d = tmp_path / f"{fam}-{layout}"
+        synthesize(fam, d, preset="tiny", layout=layout)
+        code, rep = _run(d)
+        assert code == 0, rep["problems"]
+        assert rep["family"] == fam and fmt in rep["formats"], rep["formats"]

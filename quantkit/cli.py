@@ -17,6 +17,9 @@ from . import __version__
 COMMANDS: dict[str, str] = {
     "synth": "quantkit.commands.synth:synth",
     "inspect": "quantkit.commands.inspect:inspect",
+    "convert": "quantkit.commands.convert:convert",
+    "shard": "quantkit.commands.shard:shard",
+    "eval": "quantkit.commands.eval:eval_group",
 }
 
 

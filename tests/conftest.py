@@ -7,9 +7,17 @@ that option after this file has loaded the default).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+
+# Without CUDA, Triton kernels run in Triton's CPU interpreter (tests/kernels).  Triton decides
+# interpreted vs compiled when quantkit.kernels is imported, which engine modules already do at
+# collection time, so the variable must be set before any test module is imported: here.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 settings.register_profile(
     "fast",

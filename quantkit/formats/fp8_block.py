@@ -37,7 +37,9 @@ def _scale(amax: torch.Tensor, scale_fmt: str, rule: str) -> torch.Tensor:
         raise ValueError(f"scale format must be one of {SCALE_FMTS}, not {scale_fmt!r}")
     amax = amax.to(torch.float32).clamp(min=AMAX_FLOOR)
     if scale_fmt == "float":
-        return amax / E4M3_MAX
+        # a tensor divisor: torch on CUDA turns `tensor / python_scalar` into a multiply by the
+        # rounded reciprocal, which is not the IEEE quotient the CPU (and every kernel) computes
+        return amax / torch.full_like(amax, E4M3_MAX)
     return e8m0.pow2(e8m0.exponent(amax, "e4m3", rule))
 
 

@@ -1,0 +1,77 @@
+"""``quantkit convert``: requantize a checkpoint into fp8-block, mxfp8 or bf16, streaming, atomic, verified.
+
+One module per family (gpt_oss, deepseek, qwen3) turns the source's tensors into conversion items
+(rename tables as data, the few real transforms as code); :mod:`plan` decides every output tensor
+and its path from the headers alone; :mod:`engine` streams the shards (in worker processes when
+asked) through :class:`~quantkit.checkpoint.CheckpointWriter`; :mod:`targets` does the numerics
+with the formats/ reference (or quantkit.kernels on CUDA).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..checkpoint import CheckpointError, CheckpointWriter
+from . import deepseek, gpt_oss, qwen3  # noqa: F401  (each registers its family)
+from .engine import FIDELITY_DIR, execute, load_fidelity
+from .memory import RssSampler
+from .options import ConvertOptions, OptionError
+from .plan import Plan, make_plan
+from .registry import BUILDERS
+from .report import dry_report, run_report
+
+__all__ = ["BUILDERS", "ConvertOptions", "OptionError", "Plan", "convert", "make_plan"]
+
+
+def check_paths(src: Path, dst: Path) -> None:
+    s, d = src.resolve(), dst.resolve()
+    if d == s or s in d.parents or d in s.parents:
+        raise CheckpointError(f"{dst}: the destination may not be the source, inside it, or contain it")
+
+
+def manifest(plan: Plan, fidelity: dict[str, dict]) -> dict:
+    return {
+        "command": "convert",
+        "source": {"path": plan.src, "family": plan.family, "layout": plan.layout, "fingerprint": plan.fingerprint},
+        "options": plan.recorded_options(),
+        "tensors": fidelity,
+    }
+
+
+def finish(plan: Plan, writer: CheckpointWriter) -> dict[str, dict]:
+    fidelity = load_fidelity(plan, writer.tmp)
+    shutil.rmtree(writer.tmp / FIDELITY_DIR)
+    for p in plan.side_files:
+        shutil.copy2(p, writer.tmp / Path(p).name)
+    writer.finish(plan.shards, plan.config, manifest(plan, fidelity))
+    return fidelity
+
+
+def convert(src: str | Path, dst: str | Path, options: ConvertOptions, progress: Callable[[int], None] | None = None,
+            start: Callable[[int], None] | None = None) -> dict:
+    """Convert ``src`` into ``dst``; return the report (also what ``--json`` prints).
+
+    ``start`` is called once with the output's tensor bytes, ``progress`` with the byte count of
+    each output tensor as it is written (shards kept by --resume count at once)."""
+    t0 = time.perf_counter()
+    check_paths(Path(src), Path(dst))
+    plan = make_plan(str(src), options)
+    if options.dry_run:
+        return dry_report(plan, str(dst))
+    writer = CheckpointWriter(dst, force=options.force, resume=options.resume, job=plan.job())
+    kept = len(writer.done)
+    progress = progress or (lambda n: None)
+    if start is not None:
+        start(sum(s.nbytes for s in plan.shards))
+    progress(sum(s.nbytes for s in plan.shards if writer.is_done(s.file)))
+    try:
+        with RssSampler() as rss:
+            results = execute(plan, writer, progress)
+            fidelity = finish(plan, writer)
+    except (CheckpointError, OptionError):
+        writer.abort()  # an input error: nothing to resume, leave nothing behind
+        raise
+    return run_report(plan, str(dst), fidelity, results, kept, time.perf_counter() - t0, rss.peak)

@@ -1,0 +1,181 @@
+"""Conversion items: one logical output tensor, where its values live in the source, and what the
+family says about it.  Family modules build them through :class:`Expect`, which checks every
+source tensor against the shape the config implies and the dtype its format needs.
+
+Logical orientation: a projection is [*lead, N(out), K(in)] whatever the source stores
+(transformers' BF16 GPT-OSS experts are [E, K, N] on disk: ``transposed``).
+
+Source kinds:
+  * ``plain``     one float tensor (BF16/F16/F32), optionally a row window (GPT-OSS ``original/``
+                  ``attn.qkv`` holds q|k|v rows);
+  * ``fp8-block`` ``<w>`` F8_E4M3 [*, N, K] + ``<w>_scale_inv`` [*, ceil(N/128), ceil(K/128)]
+                  (F32, BF16/F16 as some releases store it, or E8M0 bytes);
+  * ``mxfp4``     ``<p>_blocks`` U8 [*, N, K/32, 16] + ``<p>_scales`` U8 [*, N, K/32] (GPT-OSS).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+from ..checkpoint import CheckpointError, TensorInfo
+from ..families import Family, is_quantized_weight
+
+FLOATS = ("BF16", "F16", "F32")
+SCALES = ("F32", "BF16", "F16", "U8", "F8_E8M0")
+BYTES = ("U8", "F8_E8M0")
+TILE = 128
+MX = 32
+
+# roles: what quantized targets do with an item, and whether it is a Linear module
+LINEAR = "linear"  # a projection the family quantizes (families.is_quantized_weight)
+MODULE = "module"  # a Linear module kept in source precision (router, lm_head, MTP eh_proj)
+TENSOR = "tensor"  # embeddings, norms, biases, sinks
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str  # "plain" | "fp8-block" | "mxfp4"
+    tensors: tuple[str, ...]
+    dtype: str  # plain: its dtype tag; fp8-block: scale dtype tag; mxfp4: "U8"
+    rows: tuple[int, int] | None = None
+    transposed: bool = False
+
+
+@dataclass(frozen=True)
+class Item:
+    name: str  # HF root output name
+    shape: tuple[int, ...]  # logical shape
+    source: Source
+    role: str
+    fused: bool = False  # GPT-OSS fused experts: BF16 on disk is [E, K, N] (transformers' layout)
+
+    @property
+    def module(self) -> str:
+        return self.name.removesuffix(".weight")
+
+    def matches(self, pattern: str) -> bool:
+        return fnmatch.fnmatchcase(self.name, pattern) or fnmatch.fnmatchcase(self.module, pattern)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def fp8_source(config: dict, where: str) -> tuple[bool, tuple[str, ...]]:
+    """(source projections are FP8 blocks, modules the source left unquantized) from quantization_config."""
+    q = config.get("quantization_config")
+    if not q or q.get("quant_method") == "mxfp4":  # GPT-OSS: experts only, by tensor names
+        return False, ()
+    if q.get("quant_method") != "fp8":
+        raise CheckpointError(f"{where}: source quantization_config quant_method {q.get('quant_method')!r} is not supported; supported: fp8 (128x128 blocks), mxfp4 (GPT-OSS), or none")
+    if list(q.get("weight_block_size") or []) != [TILE, TILE]:
+        raise CheckpointError(f"{where}: FP8 weight_block_size {q.get('weight_block_size')} is not supported; only [128, 128]")
+    return True, tuple(q.get("modules_to_not_convert") or ())
+
+
+def source_scale_fmt(config: dict) -> str | None:
+    """The fp8-block scale format the source declares ("float" or "ue8m0"), None when not FP8 blocks."""
+    q = config.get("quantization_config") or {}
+    if q.get("quant_method") != "fp8":
+        return None
+    return "ue8m0" if q.get("scale_fmt") == "ue8m0" else "float"
+
+
+class Expect:
+    """Collects the items of one checkpoint and checks each source tensor as it is named."""
+
+    def __init__(self, family: Family, tensors: dict[str, TensorInfo], config: dict, where: str) -> None:
+        self.family = family
+        self.tensors = tensors
+        self.where = where
+        # quant_method fp8 (DeepSeek, Qwen's FP8 releases): projections are FP8 but for modules_to_not_convert
+        self.fp8_source, self.fp8_skip = fp8_source(config, where)
+        self.items: list[Item] = []
+        self.used: set[str] = set()
+
+    def _info(self, name: str, what: str) -> TensorInfo:
+        t = self.tensors.get(name)
+        if t is None:
+            raise CheckpointError(f"{self.where}: tensor {name!r} ({what}) is missing")
+        self.used.add(name)
+        return t
+
+    def _check(self, t: TensorInfo, shape: tuple[int, ...], dtypes: tuple[str, ...], what: str) -> None:
+        if t.dtype not in dtypes:
+            raise CheckpointError(f"{self.where}: tensor {t.name!r} ({what}) is {t.dtype}; expected {' or '.join(dtypes)}")
+        if t.shape != shape:
+            raise CheckpointError(f"{self.where}: tensor {t.name!r} ({what}) has shape {list(t.shape)}; the config implies {list(shape)}")
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def tensor(self, src: str, shape: tuple[int, ...], out: str | None = None,
+               rows: tuple[int, int] | None = None, total_rows: int | None = None) -> Item:
+        """A float tensor kept in its own dtype (norms, biases, embeddings, sinks).
+
+        ``rows``/``total_rows``: the item is rows [a, b) of a source with ``total_rows`` rows."""
+        return self._plain(src, shape, out or src, TENSOR, rows, total_rows, "float tensor")
+
+    def linear(self, src: str, shape: tuple[int, ...], out: str | None = None,
+               rows: tuple[int, int] | None = None, total_rows: int | None = None) -> Item:
+        """A Linear weight [N, K]: plain, or FP8 with its block scales when the source is FP8.
+
+        Whether quantized targets quantize it is the family's rule (families.is_quantized_weight)."""
+        out = out or src
+        role = LINEAR if is_quantized_weight(self.family, out) else MODULE
+        if rows is None and self._expects_fp8(out, role):
+            return self._fp8(src, shape, out, role)
+        return self._plain(src, shape, out, role, rows, total_rows, "projection weight")
+
+    def _plain(self, src: str, shape: tuple[int, ...], out: str, role: str, rows: tuple[int, int] | None,
+               total_rows: int | None, what: str) -> Item:
+        t = self._info(src, what)
+        full = shape if rows is None else (total_rows or 0,) + shape[1:]
+        self._check(t, full, FLOATS, what)
+        if rows is not None and (rows[1] - rows[0] != shape[0] or rows[1] > full[0]):
+            raise CheckpointError(f"{self.where}: rows {list(rows)} of {src!r} do not give {list(shape)}")
+        return self._add(Item(out, shape, Source("plain", (src,), t.dtype, rows=rows), role))
+
+    def _expects_fp8(self, out: str, role: str) -> bool:
+        if not self.fp8_source or role != LINEAR:
+            return False
+        module = out.removesuffix(".weight")
+        return not any(module == s or fnmatch.fnmatchcase(module, s) or module.startswith(s + ".") for s in self.fp8_skip)
+
+    def _fp8(self, src: str, shape: tuple[int, ...], out: str, role: str) -> Item:
+        w = self._info(src, "FP8 weight (quant_method fp8)")
+        self._check(w, shape, ("F8_E4M3",), "FP8 weight (quant_method fp8)")
+        sname = src + "_scale_inv"
+        if sname not in self.tensors:
+            raise CheckpointError(f"{self.where}: FP8 weight {src!r} has no block scale {sname!r}")
+        s = self._info(sname, "FP8 block scale")
+        grid = shape[:-2] + (cdiv(shape[-2], TILE), cdiv(shape[-1], TILE))
+        self._check(s, grid, SCALES, f"128x128 block scale of {list(shape)}")
+        return self._add(Item(out, shape, Source("fp8-block", (src, sname), s.dtype), role))
+
+    def mxfp4(self, blocks: str, scales: str, shape: tuple[int, ...], out: str) -> Item:
+        """GPT-OSS MXFP4 experts: logical [E, N, K] from blocks [E, N, K/32, 16] and scales [E, N, K/32]."""
+        if shape[-1] % MX:
+            raise CheckpointError(f"{self.where}: {out!r} has K={shape[-1]}, not a multiple of {MX}: no MXFP4 layout exists")
+        g = shape[:-1] + (shape[-1] // MX,)
+        self._check(self._info(blocks, "MXFP4 blocks"), g + (MX // 2,), ("U8",), "MXFP4 blocks")
+        self._check(self._info(scales, "MXFP4 scales"), g, BYTES, "MXFP4 E8M0 scales")
+        return self._add(Item(out, shape, Source("mxfp4", (blocks, scales), "U8"), LINEAR, fused=True))
+
+    def stacked(self, src: str, shape: tuple[int, ...], out: str) -> Item:
+        """transformers' BF16 GPT-OSS experts: [E, K, N] on disk, logical [E, N, K]."""
+        t = self._info(src, "stacked expert weight")
+        self._check(t, shape[:-2] + (shape[-1], shape[-2]), FLOATS, "stacked expert weight [E, in, out]")
+        return self._add(Item(out, shape, Source("plain", (src,), t.dtype, transposed=True), LINEAR, fused=True))
+
+    def _add(self, item: Item) -> Item:
+        self.items.append(item)
+        return item
+
+    def finish(self) -> list[Item]:
+        extra = sorted(set(self.tensors) - self.used)
+        if extra:
+            more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
+            raise CheckpointError(f"{self.where}: unexpected tensors no rule of this family covers: {', '.join(extra[:5])}{more}")
+        return self.items

@@ -1,0 +1,166 @@
+"""The conversion plan: every output tensor (name, dtype, shape) and the path that produces it, known
+from the source headers and config alone, before any tensor data is read.
+
+Paths (what ``quantkit.json`` records per tensor; "exact" ones never round, so ``--rounding`` does not apply):
+  copy              source bytes (or a row window of them) unchanged                       exact
+  copy-fp8-block    FP8 weight bytes unchanged, block scales widened to F32               exact
+  mxfp4->mxfp8      E2M1 codes re-encoded as E4M3, E8M0 scales unchanged                    exact
+  fp8-block->mxfp8  exact when every tile scale is a power of two (decided per tensor when run;
+                    otherwise dequantize to F32 and requantize)
+  mxfp4->bf16       MXFP4 dequantized to BF16 (every E2M1 x 2^k value fits)                  exact
+  quantize          float source -> target format                                          rounds
+  requantize        quantized source -> F32 -> another quantized format                     rounds
+  dequantize        FP8 blocks -> F32 -> BF16                                               rounds
+  cast              a float projection weight cast to BF16 (--to bf16)                      rounds
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+import torch
+
+from ..checkpoint import DTYPES, CheckpointError, ShardPlan, TensorSpec, plan_shards
+from .items import LINEAR, MX, TILE, Item, cdiv, source_scale_fmt
+from .options import ConvertOptions, OptionError, uses_rule
+from .qconfig import quantization_config
+from .registry import build_items
+from .source import TensorLoc, locations, open_source
+
+EXACT_PATHS = ("copy", "copy-fp8-block", "mxfp4->mxfp8", "mxfp4->bf16")
+
+
+@dataclass(frozen=True)
+class Task:
+    item: Item
+    path: str
+    target: str  # "fp8-block" | "mxfp8" | "bf16" | "keep"
+    outputs: tuple[TensorSpec, ...]  # the weight (or tensor) first, then its scale
+
+    @property
+    def transposed_out(self) -> bool:
+        """GPT-OSS fused experts written unquantized use transformers' [E, K, N]."""
+        return self.item.fused and self.target in ("bf16", "keep")
+
+
+@dataclass
+class Plan:
+    src: str
+    family: str
+    layout: str
+    fingerprint: str
+    options: ConvertOptions
+    scale_fmt: str | None
+    config: dict
+    locs: dict[str, TensorLoc]
+    tasks: list[Task]
+    shards: list[ShardPlan]
+    side_files: list[str] = field(default_factory=list)
+    owner: dict[str, int] = field(default_factory=dict)  # output tensor name -> index of its task
+
+    def __post_init__(self) -> None:
+        self.owner = {s.name: i for i, t in enumerate(self.tasks) for s in t.outputs}
+
+    def recorded_options(self) -> dict:
+        return self.options.output_options(self.scale_fmt)
+
+    def job(self) -> dict:
+        specs = [[s.name, str(s.dtype), list(s.shape)] for sh in self.shards for s in sh.specs]
+        digest = hashlib.sha256(json.dumps(specs).encode()).hexdigest()
+        return {"source_fingerprint": self.fingerprint, "options": self.recorded_options(), "plan_sha256": digest}
+
+    def shard_tasks(self, index: int) -> list[int]:
+        """Indices of the tasks with at least one output in shard ``index``, in plan order."""
+        out: list[int] = []
+        for s in self.shards[index].specs:
+            if not out or out[-1] != self.owner[s.name]:
+                out.append(self.owner[s.name])
+        return out
+
+
+def ignored(items: list[Item], patterns: tuple[str, ...]) -> set[str]:
+    """Names of the projections that --ignore keeps in source precision; a pattern matching none is an error."""
+    linear = [it for it in items if it.role == LINEAR]
+    names: set[str] = set()
+    for p in patterns:
+        hit = {it.name for it in linear if it.matches(p)}
+        if not hit:
+            raise OptionError(f"--ignore {p!r} matches no weight that --to would quantize")
+        names |= hit
+    return names
+
+
+def quant_specs(item: Item, to: str) -> tuple[TensorSpec, ...]:
+    *lead, n, k = item.shape
+    w = TensorSpec(item.name, torch.float8_e4m3fn, item.shape)
+    if to == "fp8-block":
+        return w, TensorSpec(item.name + "_scale_inv", torch.float32, (*lead, cdiv(n, TILE), cdiv(k, TILE)))
+    if k % MX:
+        raise CheckpointError(f"{item.name}: K={k} is not a multiple of {MX}; MXFP8 has no layout for a partial 1x32 block (keep it with --ignore)")
+    return w, TensorSpec(item.name + "_scale", torch.uint8, (*lead, n, k // MX))
+
+
+def plain_spec(item: Item, dtype: torch.dtype) -> TensorSpec:
+    shape = item.shape
+    if item.fused:  # transformers' BF16 GPT-OSS experts: [E, K, N]
+        shape = (*shape[:-2], shape[-1], shape[-2])
+    return TensorSpec(item.name, dtype, shape)
+
+
+def decide(item: Item, o: ConvertOptions, keep: set[str], scale_fmt: str | None, src_fmt: str | None) -> Task:
+    kind = item.source.kind
+    if item.role == LINEAR and o.to != "bf16" and item.name not in keep:
+        if kind == "plain":
+            path = "quantize"
+        elif kind == "mxfp4":
+            path = "mxfp4->mxfp8" if o.to == "mxfp8" else "requantize"
+        elif o.to == "mxfp8":
+            path = "fp8-block->mxfp8"
+        else:
+            path = "copy-fp8-block" if scale_fmt == "float" or scale_fmt == src_fmt else "requantize"
+        return Task(item, path, o.to, quant_specs(item, o.to))
+    if kind == "mxfp4":
+        return Task(item, "mxfp4->bf16", "bf16", (plain_spec(item, torch.bfloat16),))
+    if kind == "fp8-block":
+        return Task(item, "dequantize", "bf16", (plain_spec(item, torch.bfloat16),))
+    if o.to == "bf16" and item.role == LINEAR and item.source.dtype != "BF16":
+        return Task(item, "cast", "bf16", (plain_spec(item, torch.bfloat16),))
+    return Task(item, "copy", "keep", (plain_spec(item, DTYPES[item.source.dtype]),))
+
+
+def resolve_scale_fmt(o: ConvertOptions, src_fmt: str | None) -> str | None:
+    if o.to != "fp8-block":
+        return None
+    fmt = o.scale_fmt or src_fmt or "float"
+    if o.scale_rule is not None and not uses_rule(o.to, fmt):
+        raise OptionError(f"--scale-rule does not apply: fp8-block scales here are {fmt!r} (pass --scale-fmt ue8m0)")
+    return fmt
+
+
+def make_plan(src: str, o: ConvertOptions) -> Plan:
+    s = open_source(src)
+    items = build_items(s.family.name, s.ckpt, s.config, s.where)
+    if o.ignore and o.to == "bf16":
+        raise OptionError("--ignore applies to quantized targets; --to bf16 quantizes nothing")
+    keep = ignored(items, o.ignore)
+    src_fmt = source_scale_fmt(s.config)
+    scale_fmt = resolve_scale_fmt(o, src_fmt)
+    tasks = [decide(it, o, keep, scale_fmt, src_fmt) for it in items]
+    shards = plan_shards((spec for t in tasks for spec in t.outputs), o.max_shard_size)
+    config = copy.deepcopy(s.config)
+    config.pop("quantization_config", None)
+    qc = quantization_config(o.to, scale_fmt, tasks)
+    if qc:
+        config["quantization_config"] = qc
+    names = {n for it in items for n in it.source.tensors}
+    side = [str(p) for p in s.ckpt.side_files() if p.name != "dtypes.json"]  # dtypes.json belongs to original/
+    layout = "original" if _original_names(items) else "root"
+    return Plan(str(s.ckpt.root), s.family.name, layout, s.ckpt.fingerprint(), o, scale_fmt, config,
+                locations(s.ckpt, names), tasks, shards, side)
+
+
+def _original_names(items: list[Item]) -> bool:
+    return any(n.startswith("block.") or n == "embedding.weight" for it in items for n in it.source.tensors)

@@ -1,0 +1,160 @@
+"""Producing one task's output tensors chunk by chunk, with its fidelity.
+
+Outputs are allocated once (their final size) and filled band by band, so float32 temporaries are
+bounded by the chunk size, not the tensor.  Stochastic rounding uses the output tensor's name and
+each element's flat index in the output tensor (``Rounding.for_tensor(name).at(offset)``), so bytes
+do not depend on chunking, workers or device.  Exact paths round nothing and are verified: an
+element that changes is an error, not a statistic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..checkpoint import CheckpointError
+from ..formats import exact, fp8_block
+from ..formats.rounding import NEAREST, Rounding, uniform
+from .decode import Decoder, lead, scale_f32
+from .fidelity import Fidelity
+from .items import TILE, cdiv
+from .ops import Ops
+from .plan import EXACT_PATHS, Task
+from .source import Reader
+
+Step = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class Context:
+    ops: Ops
+    rounding: Rounding  # mode and seed; name and offset are set per tensor and chunk
+    scale_fmt: str | None
+    rule: str
+    chunk_elements: int
+    tick: Callable[[], None] = lambda: None
+
+
+def round_bf16(x: torch.Tensor, r: Rounding) -> torch.Tensor:
+    """float32 -> bfloat16, ties to even, or stochastically: add a uniform 16-bit integer to the
+    float32 bit pattern and truncate (carry probability = the dropped fraction; exact values stay)."""
+    if not r.stochastic:
+        return x.to(torch.bfloat16)
+    bits = x.contiguous().view(torch.int32)
+    add = (uniform(r, x.shape, x.device) * 65536).to(torch.int32)
+    out = ((bits + add) & ~0xFFFF).view(torch.float32)
+    return torch.where(torch.isfinite(x), out, x).to(torch.bfloat16)
+
+
+def bands(extent: int, width: int, chunk: int) -> list[tuple[int, int]]:
+    step = max(TILE, (chunk // max(width, 1)) // TILE * TILE)
+    return [(a, min(a + step, extent)) for a in range(0, extent, step)]
+
+
+def copy_task(task: Task, reader: Reader, ctx: Context) -> tuple[dict[str, torch.Tensor], dict]:
+    src = task.item.source
+    t = reader.view(src.tensors[0])
+    if task.path == "copy":
+        if src.rows is not None:
+            t = t[src.rows[0] : src.rows[1]]
+        return {task.outputs[0].name: t}, Fidelity.identical(t.numel()).record("copy", True)
+    s = scale_f32(reader.view(src.tensors[1]))
+    if ctx.scale_fmt == "ue8m0" and not fp8_block.is_pow2_scale(s):
+        raise CheckpointError(f"{src.tensors[1]}: the source declares scale_fmt ue8m0 but this scale is not a power of two")
+    return {task.outputs[0].name: t, task.outputs[1].name: s}, Fidelity.identical(t.numel()).record(task.path, True)
+
+
+def quant_step(task: Task, dec: Decoder, out: list[torch.Tensor], ctx: Context, r: Rounding) -> Step:
+    L, (n, k) = lead(task.item.shape), task.item.shape[-2:]
+    w, s = out[0].view(L, n, k), out[1].view(L, *out[1].shape[-2:])
+
+    def step(l: int, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = dec.rows(l, a, b)
+        rr = r.at((l * n + a) * k)
+        if task.target == "fp8-block":
+            q, sc = ctx.ops.fp8_block(x, ctx.scale_fmt or "float", ctx.rule, rr)
+            w[l, a:b], s[l, a // TILE : cdiv(b, TILE)] = q, sc
+            return x, ctx.ops.fp8_dequant(q, sc)
+        q, sc = ctx.ops.mxfp8(x, ctx.rule, rr)
+        w[l, a:b], s[l, a:b] = q, sc
+        return x, ctx.ops.mxfp8_dequant(q, sc)
+
+    return step
+
+
+def exact_mx_step(task: Task, dec: Decoder, out: list[torch.Tensor], ops: Ops) -> Step:
+    L, (n, k) = lead(task.item.shape), task.item.shape[-2:]
+    w, s = out[0].view(L, n, k), out[1].view(L, n, k // 32)
+
+    def step(l: int, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        enc, sc = dec.raw_rows(l, a, b)
+        if dec.kind == "mxfp4":
+            q, e = exact.mxfp4_to_mxfp8(enc, sc)
+            ref = ops.mxfp4_decode(enc, sc)
+        else:
+            q, e = exact.fp8_block_pow2_to_mxfp8(enc, sc)
+            ref = ops.fp8_dequant(enc, sc)
+        w[l, a:b], s[l, a:b] = q, e
+        return ref, ops.mxfp8_dequant(q, e)
+
+    return step
+
+
+def bf16_step(task: Task, dec: Decoder, out: list[torch.Tensor], r: Rounding) -> Step:
+    L, (n, k) = lead(task.item.shape), task.item.shape[-2:]
+    if task.transposed_out:  # output [L, K, N]: bands of K, contiguous in the output
+        w = out[0].view(L, k, n)
+
+        def step_t(l: int, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+            x = dec.cols(l, a, b).T.contiguous()
+            y = round_bf16(x, r.at((l * k + a) * n))
+            w[l, a:b] = y
+            return x, y
+
+        return step_t
+    w = out[0].view(L, n, k)
+
+    def step(l: int, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = dec.rows(l, a, b)
+        y = round_bf16(x, r.at((l * n + a) * k))
+        w[l, a:b] = y
+        return x, y
+
+    return step
+
+
+def resolve_path(task: Task, dec: Decoder) -> str:
+    if task.path != "fp8-block->mxfp8":
+        return task.path
+    return "fp8-block(ue8m0)->mxfp8" if fp8_block.is_pow2_scale(dec.all_scales()) else "requantize"
+
+
+def run_task(task: Task, reader: Reader, ctx: Context, want: bool) -> tuple[dict[str, torch.Tensor], dict | None]:
+    """All outputs of ``task`` (name -> tensor) and, when ``want``, its fidelity record."""
+    if task.path in ("copy", "copy-fp8-block"):
+        return copy_task(task, reader, ctx)
+    dec = Decoder(reader, task.item, ctx.ops)
+    path = resolve_path(task, dec)
+    exact_path = path in EXACT_PATHS or path == "fp8-block(ue8m0)->mxfp8"
+    r = NEAREST if exact_path else ctx.rounding.for_tensor(task.outputs[0].name)
+    out = [torch.empty(s.shape, dtype=s.dtype) for s in task.outputs]
+    if path in ("mxfp4->mxfp8", "fp8-block(ue8m0)->mxfp8"):
+        step = exact_mx_step(task, dec, out, ctx.ops)
+    elif task.target in ("fp8-block", "mxfp8"):
+        step = quant_step(task, dec, out, ctx, r)
+    else:
+        step = bf16_step(task, dec, out, r)
+    fid = Fidelity()
+    n, k = task.item.shape[-2:]
+    extent, width = (k, n) if task.transposed_out else (n, k)
+    for l in range(lead(task.item.shape)):
+        for a, b in bands(extent, width, ctx.chunk_elements):
+            ref, got = step(l, a, b)
+            if want:
+                fid.add(ref, got)
+            ctx.tick()
+    if want and exact_path and fid.exact != fid.numel:
+        raise CheckpointError(f"{task.item.name}: the exact path {path} changed {fid.numel - fid.exact} of {fid.numel} elements (max abs {fid.max_abs:g})")
+    return {s.name: t for s, t in zip(task.outputs, out)}, fid.record(path, exact_path) if want else None

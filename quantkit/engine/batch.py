@@ -1,0 +1,75 @@
+"""Attention metadata of one forward step (the flat-token layout of vLLM / nano-vllm).
+
+The tokens of all sequences in a step are concatenated: ``input_ids`` [T], ``positions`` [T].
+Sequence b owns rows ``cu_seqlens[b]:cu_seqlens[b+1]`` (a prefill chunk of many tokens or a
+decode step of one).  With a KV cache, each new token is written to cache slot
+``slot_mapping[t]`` and sequence b then attends to its first ``context_lens[b]`` tokens, found
+through its block table (slot = block * block_size + offset, as a paged-attention kernel reads
+them); key i of a sequence has position i.  Without a cache, a sequence attends to its own new
+tokens only, at their given positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Batch:
+    cu_seqlens: tuple[int, ...]  # B+1 query segment boundaries in the flat tokens
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor | None = None  # [T] int64: cache slot of each new token
+    block_tables: torch.Tensor | None = None  # [B, max_blocks] int64, -1 past a sequence's blocks
+    context_lens: tuple[int, ...] | None = None  # keys per sequence after this step's writes
+    block_size: int = 0
+
+    @classmethod
+    def prefill(cls, lengths: Sequence[int], device: torch.device | str = "cpu") -> Batch:
+        """Cache-less step: sequence b is ``lengths[b]`` new tokens at positions 0..n-1."""
+        if not lengths or min(lengths) < 1:
+            raise ValueError(f"every sequence needs at least one token, got lengths {list(lengths)}")
+        cu = [0]
+        for n in lengths:
+            cu.append(cu[-1] + int(n))
+        pos = torch.cat([torch.arange(int(n), device=device) for n in lengths])
+        return cls(tuple(cu), pos)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.cu_seqlens) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return self.cu_seqlens[-1]
+
+    @property
+    def uses_cache(self) -> bool:
+        return self.slot_mapping is not None
+
+    def segments(self) -> list[tuple[int, int]]:
+        c = self.cu_seqlens
+        return [(c[b], c[b + 1]) for b in range(self.num_seqs)]
+
+    def last_token_rows(self) -> list[int]:
+        """Row of each sequence's last token (where the next-token logits are)."""
+        return [e - 1 for _, e in self.segments()]
+
+    def context_slots(self, b: int) -> torch.Tensor:
+        """Cache slots of sequence b's keys, oldest first: int64 [context_lens[b]]."""
+        if self.block_tables is None or self.context_lens is None:
+            raise ValueError("this batch has no KV cache metadata")
+        n = self.context_lens[b]
+        nb = -(-n // self.block_size)
+        blocks = self.block_tables[b, :nb]
+        offs = torch.arange(self.block_size, device=blocks.device)
+        return (blocks[:, None] * self.block_size + offs).flatten()[:n]
+
+    def check(self, input_ids: torch.Tensor) -> None:
+        if input_ids.dim() != 1 or input_ids.shape[0] != self.num_tokens or self.positions.shape != input_ids.shape:
+            raise ValueError(
+                f"input_ids {tuple(input_ids.shape)} and positions {tuple(self.positions.shape)} must both be [T] "
+                f"with T = {self.num_tokens} tokens in this batch"
+            )

@@ -1,0 +1,143 @@
+"""Mixture of experts: the three routing rules, the experts, and the MoE block.
+
+Routing (router logits in float32; references: transformers GptOssTopKRouter, Qwen3MoeTopKRouter,
+DeepseekV3TopkRouter, which this follows call for call so ties break the same way):
+
+* ``topk_softmax`` (GPT-OSS): logits = x W^T + b; top-k on the raw logits; softmax over those k.
+* ``softmax_topk`` (Qwen3-MoE): softmax over all experts, top-k, renormalise to sum 1 if
+  ``norm_topk_prob``.
+* ``grouped_sigmoid`` (DeepSeek-V3): s = sigmoid(x W^T); experts are chosen with
+  s + e_score_correction_bias: group score = sum of the group's top-2, keep the best
+  ``topk_group`` of ``n_group`` groups, then the top-k experts within them; the weights are s
+  WITHOUT the bias, renormalised (sum + 1e-20) if ``norm_topk_prob``, times routed_scaling_factor.
+
+Experts hold stacked packed weights [E, out, in].  GPT-OSS fuses gate and up INTERLEAVED (row 2j
+gate, 2j+1 up) with biases and the clamped SwiGLU (up + 1) * g * sigmoid(alpha * g), g = min(gate,
+limit), up clamped to [-limit, limit]; per-expert families have separate gate/up and SiLU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..qlinear import QWeight, linear
+
+RULES = ("topk_softmax", "softmax_topk", "grouped_sigmoid")
+ACTIVATIONS = ("silu", "gpt-oss")
+
+
+@dataclass(frozen=True)
+class Routing:
+    rule: str
+    top_k: int
+    norm_topk_prob: bool = False
+    n_group: int = 1
+    topk_group: int = 1
+    scaling: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise ValueError(f"routing rule must be one of {RULES}, not {self.rule!r}")
+
+
+def route(logits: torch.Tensor, r: Routing, correction_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 router logits [T, E] -> (weights float32 [T, k], expert ids [T, k])."""
+    if r.rule == "topk_softmax":
+        top, idx = torch.topk(logits, r.top_k, dim=-1)
+        return torch.softmax(top, dim=1), idx
+    if r.rule == "softmax_topk":
+        top, idx = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float), r.top_k, dim=-1)
+        if r.norm_topk_prob:
+            top = top / top.sum(dim=-1, keepdim=True)
+        return top, idx
+    scores = logits.sigmoid()
+    choice = scores if correction_bias is None else scores + correction_bias
+    e = logits.shape[-1]
+    groups = choice.view(-1, r.n_group, e // r.n_group).topk(2, dim=-1)[0].sum(dim=-1)
+    gidx = torch.topk(groups, k=r.topk_group, dim=-1, sorted=False)[1]
+    gmask = torch.zeros_like(groups).scatter_(1, gidx, 1)
+    emask = gmask.unsqueeze(-1).expand(-1, r.n_group, e // r.n_group).reshape(-1, e)
+    idx = torch.topk(choice.masked_fill(~emask.bool(), float("-inf")), k=r.top_k, dim=-1, sorted=False)[1]
+    w = scores.gather(1, idx)
+    if r.norm_topk_prob:
+        w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+    return w * r.scaling, idx
+
+
+class Router(nn.Module):
+    def __init__(self, weight: torch.Tensor, routing: Routing, bias: torch.Tensor | None = None, correction_bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight.to(torch.float32))
+        self.register_buffer("bias", None if bias is None else bias.to(torch.float32))
+        self.register_buffer("correction_bias", None if correction_bias is None else correction_bias.to(torch.float32))
+        self.routing = routing
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = torch.nn.functional.linear(x.to(torch.float32), self.weight, self.bias)
+        return route(logits, self.routing, self.correction_bias)
+
+
+class Experts(nn.Module):
+    def __init__(
+        self,
+        down: QWeight,
+        *,
+        gate_up: QWeight | None = None,
+        gate: QWeight | None = None,
+        up: QWeight | None = None,
+        gate_up_bias: torch.Tensor | None = None,
+        down_bias: torch.Tensor | None = None,
+        activation: str = "silu",
+        alpha: float = 1.702,
+        limit: float = 7.0,
+    ) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"expert activation must be one of {ACTIVATIONS}, not {activation!r}")
+        if (gate_up is None) == (gate is None or up is None):
+            raise ValueError("experts need either a fused interleaved gate_up or separate gate and up weights")
+        self.gate_up, self.gate, self.up, self.down = gate_up, gate, up, down
+        self.register_buffer("gate_up_bias", gate_up_bias)
+        self.register_buffer("down_bias", down_bias)
+        self.activation, self.alpha, self.limit = activation, alpha, limit
+        self.num_experts = down.num_experts
+
+    def _act(self, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        if self.activation == "silu":
+            return torch.nn.functional.silu(g) * u
+        g = g.clamp(min=None, max=self.limit)
+        u = u.clamp(min=-self.limit, max=self.limit)
+        return (u + 1) * (g * torch.sigmoid(g * self.alpha))
+
+    def expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
+        """One expert on its tokens x [n, H] -> [n, H]."""
+        if self.gate_up is not None:
+            gu = linear(x, self.gate_up, self.gate_up_bias, expert=e)
+            g, u = gu[..., 0::2], gu[..., 1::2]
+        else:
+            g, u = linear(x, self.gate, expert=e), linear(x, self.up, expert=e)
+        return linear(self._act(g, u), self.down, self.down_bias, expert=e)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        for e in torch.unique(idx).tolist():
+            rows, slot = torch.where(idx == e)
+            y = self.expert(x[rows], e).to(torch.float32) * weights[rows, slot, None]
+            out.index_add_(0, rows, y)
+        return out.to(x.dtype)
+
+
+class MoE(nn.Module):
+    """Routed experts (+ DeepSeek's always-on shared expert)."""
+
+    def __init__(self, router: Router, experts: Experts, shared: nn.Module | None = None) -> None:
+        super().__init__()
+        self.router, self.experts, self.shared = router, experts, shared
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, idx = self.router(x)
+        y = self.experts(x, w, idx)
+        return y if self.shared is None else y + self.shared(x)

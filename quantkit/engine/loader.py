@@ -1,0 +1,43 @@
+"""``load(path, device, dtype)``: any source checkpoint or quantkit output -> a ready :class:`CausalLM`.
+
+config.json names the family (:func:`quantkit.families.detect`); each weight's format is read off
+its tensors (:mod:`.weights`); config.json's ``quantization_config`` and quantkit.json's options
+say how activations are quantized at serve time (:class:`.weights.QuantScheme`).  With
+``act_quant=False`` activations stay unquantized: the source model's numerics with weights
+dequantized (what transformers computes when it dequantizes an FP8/MXFP4 checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .. import families
+from ..checkpoint import MANIFEST, Checkpoint, CheckpointError
+from .model import CausalLM
+from .models import MODELS
+from .weights import QuantScheme, Weights
+
+
+def load(
+    path: str | Path,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    act_quant: bool = True,
+) -> CausalLM:
+    """Build the engine model of the checkpoint at ``path``; ``dtype`` is the activation/compute dtype."""
+    ckpt = Checkpoint(path)
+    if ckpt.layout != "root":
+        raise CheckpointError(f"{ckpt.root}: the engine reads the HF root layout, not GPT-OSS's original/ folder")
+    family = families.detect(ckpt.config, str(ckpt.root / "config.json"))
+    manifest_path = ckpt.root / MANIFEST
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    w = Weights(ckpt, device, dtype, QuantScheme.from_config(ckpt.config, manifest, act_quant))
+    with torch.no_grad():
+        model = MODELS[family.name](ckpt.config, w)
+    w.check_all_used()
+    model.ops = w.ops  # the dispatcher every weight calls: model.ops.ran names the backend of each op
+    return model.eval()

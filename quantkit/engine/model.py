@@ -1,0 +1,105 @@
+"""The causal LM every family wires: embedding, pre-norm decoder layers, final norm, lm_head.
+
+``forward(input_ids [T], positions [T], kv_cache, batch)`` -> logits [T, vocab] (float32) over
+the flat tokens of a :class:`Batch` (prefill chunks and decode steps of several sequences).
+Per-layer hidden states (the embedding output, then each layer's output, before the final
+norm: transformers' ``output_hidden_states`` up to its last entry, which is normed there) are
+collected by passing a list as ``collect``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .batch import Batch
+from .kv_cache import KVCache
+from .layers.norm import RMSNorm
+from .qlinear import Linear
+
+
+class DecoderLayer(nn.Module):
+    """x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, attn: nn.Module, mlp: nn.Module, input_norm: RMSNorm, post_attn_norm: RMSNorm) -> None:
+        super().__init__()
+        self.self_attn, self.mlp = attn, mlp
+        self.input_layernorm, self.post_attention_layernorm = input_norm, post_attn_norm
+
+    def forward(self, x: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), batch, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class CausalLM(nn.Module):
+    def __init__(
+        self,
+        family: str,
+        config: dict,
+        embed: torch.Tensor,
+        layers: list[DecoderLayer],
+        norm: RMSNorm,
+        lm_head: Linear,
+        dtype: torch.dtype,
+        mtp: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.family, self.config, self.dtype = family, config, dtype
+        self.register_buffer("embed_tokens", embed)
+        self.layers = nn.ModuleList(layers)
+        self.norm, self.lm_head = norm, lm_head
+        self.mtp = mtp  # DeepSeek's multi-token-prediction layer, cache layer len(layers)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.device
+
+    def cache_specs(self) -> list[dict[str, tuple[int, ...]]]:
+        specs = [layer.self_attn.cache_spec() for layer in self.layers]
+        if self.mtp is not None:
+            specs.append(self.mtp.block.self_attn.cache_spec())
+        return specs
+
+    def new_cache(self, num_blocks: int, block_size: int = 16) -> KVCache:
+        """An empty paged KV cache for this model (one entry per attention layer)."""
+        return KVCache(self.cache_specs(), num_blocks, block_size, self.dtype, self.device)
+
+    def hidden(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        batch: Batch | None = None,
+        collect: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Final-normed hidden states [T, H]."""
+        if batch is None:
+            if kv_cache is not None:
+                raise ValueError("with a KV cache, pass the Batch from kv_cache.schedule(...)")
+            t = input_ids.shape[0]
+            batch = Batch((0, t), positions if positions is not None else torch.arange(t, device=input_ids.device))
+        elif positions is not None and not torch.equal(positions, batch.positions):
+            raise ValueError("positions differ from the batch's positions")
+        batch.check(input_ids)
+        x = self.embed_tokens[input_ids]
+        if collect is not None:
+            collect.append(x)
+        for layer in self.layers:
+            x = layer(x, batch, kv_cache)
+            if collect is not None:
+                collect.append(x)
+        return self.norm(x)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+        batch: Batch | None = None,
+        collect: list[torch.Tensor] | None = None,
+        rows: list[int] | torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits float32 [T, vocab], or [len(rows), vocab] for the given rows of the flat tokens only
+        (a server needs just ``batch.last_token_rows()``)."""
+        h = self.hidden(input_ids, positions, kv_cache, batch, collect)
+        return self.lm_head(h if rows is None else h[rows]).to(torch.float32)

@@ -1,0 +1,160 @@
+"""Quantized linear weights and :func:`linear`, the one place a model touches quantized math.
+
+A weight is a small module holding its packed buffers (gpt-fast style), out x in like
+``nn.Linear``, optionally stacked over experts ([E, N, K]):
+
+| format      | buffers (on-disk names)                                   | activations when ``act`` is set          |
+|-------------|-----------------------------------------------------------|------------------------------------------|
+| ``dense``   | ``w`` BF16/F32 [.., N, K]                                 | none                                     |
+| ``fp8-block``| ``q`` F8_E4M3 [.., N, K] + ``scale_inv`` F32 [.., ceil(N/128), ceil(K/128)] | E4M3 per token per 128 channels (DeepSeek act_quant) |
+| ``mxfp8``   | ``q`` F8_E4M3 [.., N, K] + ``scale`` U8 E8M0 [.., N, K/32] | E4M3 per token per 32 channels, E8M0     |
+| ``mxfp4``   | ``blocks`` U8 [.., N, K/32, 16] + ``scales`` U8 [.., N, K/32] (GPT-OSS) | none (GPT-OSS serves MXFP4 as w4a16) |
+
+Numerics of the reference path (the spec every kernel reproduces): the activation is quantized
+dynamically and dequantized (:mod:`quantkit.formats`), the weight is dequantized, and the product
+``x_dq @ w_dq.T`` (+ bias) is computed in float32, then cast to the activation dtype.  This is
+DeepSeek's fp8_gemm (per-tile f32 partial sums times both scales) up to f32 summation order.
+
+Every op runs through a :class:`quantkit.kernels.dispatch.Dispatcher` (the weight's ``ops``; the
+loader gives all weights of a model one, so ``model.ops.ran`` says which backend ran each op): the
+formats reference on CPU, faster registered backends (Triton, cuBLAS) on GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..formats import e8m0, fp8_block, mxfp4, mxfp8
+from ..kernels.dispatch import Dispatcher
+
+
+@dataclass(frozen=True)
+class ActQuant:
+    """Dynamic activation quantization of a quantized linear's input."""
+
+    kind: str  # "fp8-block" (1x128, F32 or UE8M0 scales) or "mxfp8" (1x32, E8M0)
+    scale_fmt: str = "float"  # fp8-block only: "float" | "ue8m0"
+    rule: str = e8m0.DEFAULT_RULE  # E8M0 scale rule (mxfp8, and fp8-block ue8m0)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("fp8-block", "mxfp8") or self.scale_fmt not in fp8_block.SCALE_FMTS:
+            raise ValueError(f"activation quantization {self.kind!r} / scale format {self.scale_fmt!r} is not one of fp8-block (float, ue8m0), mxfp8")
+        e8m0.check_rule(self.rule)
+
+
+class QWeight(nn.Module):
+    """Base of the packed weight modules; ``shape`` is (N, K) of one (expert's) matrix."""
+
+    fmt: str = ""
+
+    def __init__(self, shape: tuple[int, ...], lead: tuple[int, ...], act: ActQuant | None = None, ops: Dispatcher | None = None) -> None:
+        super().__init__()
+        self.ops = ops if ops is not None else Dispatcher()
+        if len(lead) > 1:
+            raise ValueError(f"{self.fmt} weight: at most one stacking dim (experts), got {lead} x {shape}")
+        self.shape = (int(shape[0]), int(shape[1]))
+        self.num_experts = int(lead[0]) if lead else None
+        self.act = act
+
+    def dequant(self, expert: int | None = None) -> torch.Tensor:
+        """float32 [N, K] (of ``expert`` when stacked)."""
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"{self.fmt}, shape={self.shape}, experts={self.num_experts}, act={self.act}"
+
+
+def _sel(t: torch.Tensor, expert: int | None) -> torch.Tensor:
+    return t if expert is None else t[expert]
+
+
+class Dense(QWeight):
+    fmt = "dense"
+
+    def __init__(self, w: torch.Tensor, ops: Dispatcher | None = None) -> None:
+        super().__init__(w.shape[-2:], w.shape[:-2], None, ops)
+        self.register_buffer("w", w)
+
+    def dequant(self, expert: int | None = None) -> torch.Tensor:
+        return _sel(self.w, expert).to(torch.float32)
+
+
+class Fp8Block(QWeight):
+    fmt = "fp8-block"
+
+    def __init__(self, q: torch.Tensor, scale_inv: torch.Tensor, act: ActQuant | None, ops: Dispatcher | None = None) -> None:
+        super().__init__(q.shape[-2:], q.shape[:-2], act, ops)
+        n, k = self.shape
+        want = (*q.shape[:-2], -(-n // fp8_block.BLOCK), -(-k // fp8_block.BLOCK))
+        if q.dtype != torch.float8_e4m3fn or tuple(scale_inv.shape) != want:
+            raise ValueError(f"fp8-block weight {q.dtype}{tuple(q.shape)} needs F8_E4M3 and scales {want}, got {tuple(scale_inv.shape)}")
+        self.register_buffer("q", q)
+        self.register_buffer("scale_inv", scale_inv.to(torch.float32))
+
+    def dequant(self, expert: int | None = None) -> torch.Tensor:
+        return self.ops.call("fp8_block_dequant", _sel(self.q, expert), _sel(self.scale_inv, expert))
+
+
+class Mxfp8(QWeight):
+    fmt = "mxfp8"
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, act: ActQuant | None, ops: Dispatcher | None = None) -> None:
+        super().__init__(q.shape[-2:], q.shape[:-2], act, ops)
+        want = (*q.shape[:-1], q.shape[-1] // mxfp8.BLOCK)
+        if q.dtype != torch.float8_e4m3fn or q.shape[-1] % mxfp8.BLOCK or tuple(scale.shape) != want:
+            raise ValueError(f"mxfp8 weight {q.dtype}{tuple(q.shape)} needs F8_E4M3, K % 32 == 0 and U8 scales {want}, got {tuple(scale.shape)}")
+        self.register_buffer("q", q)
+        self.register_buffer("scale", scale.view(torch.uint8))
+
+    def dequant(self, expert: int | None = None) -> torch.Tensor:
+        return self.ops.call("mxfp8_dequant", _sel(self.q, expert), _sel(self.scale, expert))
+
+
+class Mxfp4(QWeight):
+    fmt = "mxfp4"
+
+    def __init__(self, blocks: torch.Tensor, scales: torch.Tensor, ops: Dispatcher | None = None) -> None:
+        super().__init__((blocks.shape[-3], blocks.shape[-2] * mxfp4.BLOCK), blocks.shape[:-3], None, ops)
+        if blocks.dtype != torch.uint8 or blocks.shape[:-1] != scales.shape or blocks.shape[-1] != mxfp4.BLOCK // 2:
+            raise ValueError(f"mxfp4 blocks {tuple(blocks.shape)} / scales {tuple(scales.shape)} are not U8 [.., N, K/32, 16] / [.., N, K/32]")
+        self.register_buffer("blocks", blocks)
+        self.register_buffer("scales", scales.view(torch.uint8))
+
+    def dequant(self, expert: int | None = None) -> torch.Tensor:
+        return self.ops.call("mxfp4_decode", _sel(self.blocks, expert), _sel(self.scales, expert), torch.float32)
+
+
+def quantize_input(x: torch.Tensor, act: ActQuant | None, ops: Dispatcher) -> torch.Tensor:
+    """The activation as the GEMM sees it, float32: dynamically quantized, then dequantized."""
+    if act is None:
+        return x.to(torch.float32)
+    if act.kind == "fp8-block":
+        return fp8_block.dequantize_act(*ops.call("act_quant_fp8_block", x, act.scale_fmt, act.rule))
+    if act.kind == "mxfp8":
+        return ops.call("mxfp8_dequant", *ops.call("act_quant_mxfp8", x, act.rule))
+    raise AssertionError(act.kind)  # ActQuant validates its kind
+
+
+def linear(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None, expert: int | None = None) -> torch.Tensor:
+    """y = x @ W.T (+ bias) for x [..., K] and one (expert's) weight [N, K]; float32 products."""
+    if x.shape[-1] != w.shape[1]:
+        raise ValueError(f"linear: input has {x.shape[-1]} features, weight {w.fmt} is {w.shape} (out x in)")
+    xq = quantize_input(x, w.act, w.ops)
+    b = None if bias is None else _sel(bias, expert).to(torch.float32)
+    y = torch.nn.functional.linear(xq, w.dequant(expert), b)
+    return y.to(x.dtype)
+
+
+class Linear(nn.Module):
+    """A projection: packed weight + optional bias (kept in source precision)."""
+
+    def __init__(self, weight: QWeight, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.weight = weight
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)

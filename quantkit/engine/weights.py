@@ -1,0 +1,144 @@
+"""Reading a checkpoint's tensors into engine layers, picking each weight's format from its tensors.
+
+A linear weight ``<base>.weight`` is read as (names as on disk, see docs/formats.md):
+
+| tensors                                                          | format      |
+|------------------------------------------------------------------|-------------|
+| ``weight`` F8_E4M3 + ``weight_scale_inv`` F32 tile grid           | fp8-block (HF / DeepSeek fine-grained FP8) |
+| ``weight`` F8_E4M3 + ``weight_scale`` F32/BF16 tile grid          | fp8-block (compressed-tensors naming) |
+| ``weight`` F8_E4M3 + ``weight_scale`` U8/F8_E8M0 [N, K/32]        | mxfp8 (compressed-tensors mxfp8) |
+| ``weight`` BF16/F16/F32                                           | dense       |
+
+GPT-OSS fused experts ``mlp.experts.{gate_up,down}_proj`` are [E, out, in] as ``_blocks`` +
+``_scales`` (MXFP4 source), or F8 with ``_scale_inv`` (fp8-block) / ``_scale`` (mxfp8); unscaled
+ones are transformers' [E, in, out] and are transposed here.  Per-expert weights
+(DeepSeek, Qwen) are stacked into [E, out, in].  Every tensor must be consumed: a checkpoint
+tensor no layer reads is an error, as is a missing one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..checkpoint import Checkpoint, CheckpointError
+from ..formats import e8m0
+from ..kernels.dispatch import Dispatcher
+from .layers.norm import RMSNorm
+from .qlinear import ActQuant, Dense, Fp8Block, Linear, Mxfp4, Mxfp8, QWeight
+
+_REQUIRED = object()
+
+
+def setting(config: dict, *names: str, default: object = _REQUIRED) -> object:
+    """The first of ``names`` present in config.json (families spell some settings differently)."""
+    for n in names:
+        if n in config and config[n] is not None:
+            return config[n]
+    if default is _REQUIRED:
+        raise CheckpointError(f"config.json: missing {' / '.join(names)}")
+    return default
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """Dynamic activation quantization per weight format (None: activations stay unquantized)."""
+
+    fp8_block: ActQuant | None
+    mxfp8: ActQuant | None
+
+    @classmethod
+    def from_config(cls, config: dict, manifest: dict, act_quant: bool) -> QuantScheme:
+        """fp8-block activations use UE8M0 scales when the checkpoint's scales are UE8M0 (DeepSeek-V3.1
+        ``scale_fmt: ue8m0``; DeepSeek act_quant's 2**ceil(log2 s) is rule rceil).  MXFP8 activations
+        use rule rceil, as cuBLAS and TransformerEngine quantize them, whatever rule made the weights."""
+        if not act_quant:
+            return cls(None, None)
+        qc = config.get("quantization_config") or {}
+        opts = manifest.get("options") or {}
+        scale_fmt = qc.get("scale_fmt") or opts.get("scale_fmt") or "float"
+        return cls(ActQuant("fp8-block", scale_fmt, "rceil"), ActQuant("mxfp8", "float", e8m0.DEFAULT_RULE))
+
+
+class Weights:
+    def __init__(self, ckpt: Checkpoint, device: torch.device | str, dtype: torch.dtype, scheme: QuantScheme) -> None:
+        self.ckpt, self.device, self.dtype, self.scheme = ckpt, torch.device(device), dtype, scheme
+        self.used: set[str] = set()
+        self.ops = Dispatcher()  # shared by every weight of the model: records which backend ran each op
+
+    def has(self, name: str) -> bool:
+        return name in self.ckpt
+
+    def raw(self, name: str) -> torch.Tensor:
+        """A tensor as stored, on the target device."""
+        self.used.add(name)
+        return self.ckpt.get(name).to(self.device)
+
+    def get(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A source-precision tensor (embedding, norm, bias, sinks) in ``dtype`` (default: compute dtype)."""
+        return self.raw(name).to(dtype or self.dtype)
+
+    def opt(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        return self.get(name, dtype) if self.has(name) else None
+
+    def norm(self, name: str, eps: float, order: str = "hf") -> RMSNorm:
+        return RMSNorm(self.get(name, torch.float32 if order == "f32" else None), eps, order)
+
+    def _scaled(self, q_name: str, scale_names: tuple[str, str]) -> QWeight:
+        q = self.raw(q_name)
+        inv, sc = scale_names
+        if self.has(inv):
+            return Fp8Block(q, self.raw(inv), self.scheme.fp8_block, self.ops)
+        if self.has(sc):
+            s = self.raw(sc)
+            if s.dtype in (torch.uint8, torch.float8_e8m0fnu):  # E8M0 bytes: one scale per 1x32
+                return Mxfp8(q, s, self.scheme.mxfp8, self.ops)
+            return Fp8Block(q, s, self.scheme.fp8_block, self.ops)  # float tile scales
+        raise CheckpointError(f"{self.ckpt.dir}: {q_name} is F8_E4M3 but has no {inv} or {sc}")
+
+    def weight(self, base: str) -> QWeight:
+        """``<base>.weight`` (+ its scales) as a packed weight [N, K]."""
+        name = base + ".weight"
+        if self.ckpt.info(name).dtype == "F8_E4M3":
+            return self._scaled(name, (base + ".weight_scale_inv", base + ".weight_scale"))
+        return Dense(self.raw(name), self.ops)
+
+    def linear(self, base: str, bias: bool = False) -> Linear:
+        return Linear(self.weight(base), self.raw(base + ".bias") if bias else None)
+
+    def stacked(self, bases: list[str]) -> QWeight:
+        """Per-expert weights ``<base>.weight`` stacked into one [E, N, K] weight of their common format."""
+        ws = [self.weight(b) for b in bases]
+        kinds = {type(w) for w in ws}
+        if len(kinds) != 1:
+            raise CheckpointError(f"{self.ckpt.dir}: experts {bases[0]}.. mix weight formats {sorted(k.fmt for k in kinds)}")
+        first = ws[0]
+        bufs = {n: torch.stack([dict(w.named_buffers())[n] for w in ws]) for n, _ in first.named_buffers()}
+        if isinstance(first, Dense):
+            return Dense(bufs["w"], self.ops)
+        if isinstance(first, Fp8Block):
+            return Fp8Block(bufs["q"], bufs["scale_inv"], first.act, self.ops)
+        return Mxfp8(bufs["q"], bufs["scale"], first.act, self.ops)
+
+    def fused(self, base: str) -> QWeight:
+        """A GPT-OSS fused expert weight (``...experts.gate_up_proj`` / ``down_proj``) as [E, out, in]."""
+        if self.has(base + "_blocks"):
+            return Mxfp4(self.raw(base + "_blocks"), self.raw(base + "_scales"), self.ops)
+        if self.ckpt.info(base).dtype == "F8_E4M3":
+            return self._scaled(base, (base + "_scale_inv", base + "_scale"))
+        return Dense(self.raw(base).transpose(-1, -2).contiguous(), self.ops)  # transformers keeps [E, in, out]
+
+    def lm_head(self, config: dict) -> Linear:
+        """``lm_head.weight``, or the embedding when config.json ties them (small Qwen3 models)."""
+        if self.has("lm_head.weight"):
+            return self.linear("lm_head")
+        if setting(config, "tie_word_embeddings", default=False):
+            return Linear(Dense(self.raw("model.embed_tokens.weight"), self.ops))
+        raise CheckpointError(f"{self.ckpt.dir}: no lm_head.weight and tie_word_embeddings is not set")
+
+    def check_all_used(self) -> None:
+        unused = sorted(set(self.ckpt.names()) - self.used)
+        if unused:
+            more = f" (+{len(unused) - 5} more)" if len(unused) > 5 else ""
+            raise CheckpointError(f"{self.ckpt.dir}: tensors not used by the engine's model: {', '.join(unused[:5])}{more}")

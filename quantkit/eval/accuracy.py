@@ -1,0 +1,171 @@
+"""``quantkit eval accuracy``: the reference on the source and the engine on each candidate, over
+the same token windows, compared with llama.cpp's --kl-divergence statistics (:mod:`.metrics`).
+
+Two passes, as llama.cpp's base-logits file: the reference runs first over every window and its
+scored logits and hidden states go to a temporary directory, one file per window; the reference
+is then dropped and each candidate is loaded in turn and compared window by window.  Peak memory
+is one model plus one window's reference data, whatever the number of candidates.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .data import Windows, make_windows
+from .metrics import Accumulator, Summary
+from .reference import IMPLS, Runner, open_reference, read_config
+
+OpenCandidate = Callable[[str, str, str, bool], Runner]  # (path, device, dtype, act_quant) -> runner
+
+
+@dataclass
+class CandidateResult:
+    name: str
+    path: str
+    runner: str
+    summary: Summary
+    kld_values: torch.Tensor  # [n_scored] float64, for the plot (not in JSON)
+    failures: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "path": self.path, "runner": self.runner, "passed": not self.failures,
+                "failures": self.failures, **self.summary.as_dict()}
+
+
+@dataclass
+class AccuracyReport:
+    reference: str
+    impl: str
+    reference_runner: str
+    data: str
+    n_windows: int
+    ctx: int
+    n_scored: int
+    candidates: list[CandidateResult]
+    gate: dict[str, float | None]
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return all(not c.failures for c in self.candidates)
+
+    def as_dict(self) -> dict:
+        return {
+            "reference": self.reference, "impl": self.impl, "reference_runner": self.reference_runner,
+            "data": self.data, "n_windows": self.n_windows, "ctx": self.ctx, "n_scored": self.n_scored,
+            "gate": self.gate, "passed": self.passed, "seconds": round(self.seconds, 3),
+            "candidates": [c.as_dict() for c in self.candidates],
+        }
+
+
+def engine_candidate(path: str, device: str, dtype: str, act_quant: bool) -> Runner:
+    from .candidates import EngineRunner
+
+    return EngineRunner(path, device, dtype, act_quant)
+
+
+def check_compatible(reference: str, candidates: Sequence[str]) -> dict:
+    """The reference config; an error naming the candidate whose architecture, vocabulary or depth differs."""
+    ref = read_config(reference)
+    keys = ("architectures", "vocab_size", "num_hidden_layers", "hidden_size")
+    for c in candidates:
+        cfg = read_config(c)
+        diff = [f"{k} {cfg.get(k)!r} vs {ref.get(k)!r}" for k in keys if cfg.get(k) != ref.get(k)]
+        if diff:
+            raise ValueError(f"candidate {c} is not the reference's model: {'; '.join(diff)}")
+    return ref
+
+
+def gate_failures(s: Summary, max_kld: float | None, min_top1: float | None) -> list[str]:
+    out = []
+    if max_kld is not None and not s.kld_mean <= max_kld:
+        out.append(f"mean KLD {s.kld_mean:.6g} > --max-kld {max_kld:g}")
+    if min_top1 is not None and not s.top1_pct >= min_top1:
+        out.append(f"same top-1 {s.top1_pct:.3f}% < --min-top1 {min_top1:g}%")
+    return out
+
+
+def _names(paths: Sequence[str]) -> list[str]:
+    short = [Path(p).name or str(p) for p in paths]
+    return short if len(set(short)) == len(short) else [str(p) for p in paths]
+
+
+def _progress(total: int, enabled: bool | None):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="eval accuracy", unit="window", file=sys.stderr, disable=None if enabled is None else not enabled)
+
+
+def _run_reference(runner: Runner, win: Windows, tmp: Path, hidden: bool, bar) -> None:
+    for w in range(win.tokens.shape[0]):
+        f = runner.forward(win.tokens[w])
+        rows, _ = win.scored(w)
+        torch.save({"logits": f.logits[rows].cpu(), "hidden": [h.cpu() for h in f.hidden] if hidden else []}, tmp / f"{w}.pt")
+        bar.update(1)
+
+
+def _run_candidate(runner: Runner, win: Windows, tmp: Path, hidden: bool, bar) -> Accumulator:
+    acc = Accumulator()
+    for w in range(win.tokens.shape[0]):
+        ref = torch.load(tmp / f"{w}.pt", weights_only=True)
+        f = runner.forward(win.tokens[w])
+        rows, targets = win.scored(w)
+        acc.add_logits(ref["logits"].to(f.logits.device), f.logits[rows], targets)
+        if hidden:
+            acc.add_hidden(ref["hidden"], [h.cpu() for h in f.hidden])
+        bar.update(1)
+    return acc
+
+
+def evaluate(
+    candidates: Sequence[str],
+    reference: str,
+    impl: str = "transformers",
+    data: str | None = None,
+    tokens: int = 4096,
+    ctx: int = 512,
+    device: str = "cpu",
+    dtype: str = "float32",
+    act_quant: bool = True,
+    seed: int = 0,
+    hidden: bool = True,
+    max_kld: float | None = None,
+    min_top1: float | None = None,
+    progress: bool | None = None,
+    open_candidate: OpenCandidate = engine_candidate,
+) -> AccuracyReport:
+    """Compare each candidate with the reference; see the module docstring for the passes."""
+    if not candidates:
+        raise ValueError("give at least one candidate checkpoint")
+    if impl not in IMPLS:
+        raise ValueError(f"--impl {impl!r}: choose one of {', '.join(IMPLS)}")
+    t0 = time.perf_counter()
+    cfg = check_compatible(reference, candidates)
+    win = make_windows(reference, data, tokens, ctx, int(cfg["vocab_size"]), seed)
+    n_win = win.tokens.shape[0]
+    results = []
+    with tempfile.TemporaryDirectory(prefix="quantkit-eval-") as d, _progress((1 + len(candidates)) * n_win, progress) as bar:
+        tmp = Path(d)
+        # --impl engine: float32 and unquantized activations, the source's own numerics, as transformers runs it
+        runner = open_reference(impl, reference, device) if impl != "engine" else open_candidate(reference, device, "float32", False)
+        ref_label = runner.label
+        _run_reference(runner, win, tmp, hidden, bar)
+        del runner  # free the reference model before a candidate loads
+        for name, path in zip(_names(candidates), candidates):
+            runner = open_candidate(path, device, dtype, act_quant)
+            acc = _run_candidate(runner, win, tmp, hidden, bar)
+            s = acc.summary()
+            results.append(CandidateResult(name, str(path), runner.label, s, acc.kld_values(), gate_failures(s, max_kld, min_top1)))
+            del runner
+    return AccuracyReport(
+        reference=str(reference), impl=impl, reference_runner=ref_label, data=win.source, n_windows=n_win,
+        ctx=win.ctx, n_scored=win.n_scored, candidates=results, gate={"max_kld": max_kld, "min_top1": min_top1},
+        seconds=time.perf_counter() - t0,
+    )

@@ -1,0 +1,90 @@
+"""Triton FP8 128x128 block weight quantization: [..., N, K] float -> (E4M3 [..., N, K],
+F32 ``weight_scale_inv`` [..., ceil(N/128), ceil(K/128)]).
+
+Layout (HF fine-grained FP8, DeepSeek-V3 README_WEIGHTS.md): one scale per 128x128 tile, edge
+tiles partial (zero-padded for the amax, then cut); leading dims (stacked experts) are batch
+dims.  One program per tile, tiles numbered batch-major, then row tile, then column tile.
+
+Numerics of :func:`formats.fp8_block.quantize_weight`, bit for bit:
+
+    amax = max(max|x| over the tile, 1e-4)          (NaN anywhere in the tile -> NaN)
+    s    = div_rn(amax, 448)                          scale_fmt "float"
+    s    = 2**exponent(amax, e4m3, rule)              scale_fmt "ue8m0" (rule floor | rceil)
+    q    = e4m3(x / s), the IEEE quotient (triton_numerics.divide), nearest or stochastic with
+           the uniform of the element's flat index in the whole [..., N, K] tensor plus
+           ``rounding.offset``
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..formats import e8m0, fp8_block
+from ..formats.rounding import NEAREST, Rounding
+from . import dispatch
+from .triton_numerics import PRIORITY, abs_max, available, check_input, divide, e4m3_code, fp8_block_scale, hw_e4m3, stream_key_i32, uniform
+
+# launch configurations scripts/bench_formats.py sweeps (the first is the default); all give the same bytes
+TUNING: tuple[dict, ...] = ({"num_warps": 8}, {"num_warps": 4}, {"num_warps": 16}, {"num_warps": 8, "hw_cast": False})
+
+
+@triton.jit(do_not_specialize=["k0", "k1", "offset"])
+def _fp8_block_quant_kernel(
+    x_ptr, q_ptr, s_ptr, N, K, tiles_n, tiles_k, k0, k1, offset,
+    BLOCK: tl.constexpr, UE8M0: tl.constexpr, RCEIL: tl.constexpr, STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0).to(tl.int64)
+    per_mat = tiles_n * tiles_k
+    tn = (pid % per_mat) // tiles_k
+    tk = pid % tiles_k
+    base = (pid // per_mat) * N * K + tn * BLOCK * K + tk * BLOCK  # flat index of the tile's corner, int64
+    r = tl.arange(0, BLOCK)
+    c = tl.arange(0, BLOCK)
+    mask = (r[:, None] < N - tn * BLOCK) & (c[None, :] < K - tk * BLOCK)
+    off = r[:, None] * K + c[None, :]  # int32 offsets inside the tile
+    x = tl.load(x_ptr + base + off, mask=mask, other=0.0).to(tl.float32)
+
+    s = fp8_block_scale(abs_max(abs_max(x, 1), 0), UE8M0, RCEIL)  # padding zeros never change an amax
+    v = divide(x, s, tl.math.div_rn(1.0, s), UE8M0)
+    u = v  # unused when rounding to nearest
+    if STOCHASTIC:
+        u = uniform(base + offset, off, k0, k1)
+    tl.store(q_ptr + base + off, e4m3_code(v, u, STOCHASTIC, HW_CAST), mask=mask)
+    tl.store(s_ptr + pid, s)
+
+
+@dispatch.backend("fp8_block_quantize_weight", "triton", available=available, priority=PRIORITY)
+def quantize_weight(
+    w: torch.Tensor,
+    scale_fmt: str = "float",
+    rule: str = e8m0.DEFAULT_RULE,
+    rounding: Rounding = NEAREST,
+    block: int = fp8_block.BLOCK,
+    *,
+    num_warps: int = 8,
+    hw_cast: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., N, K] -> (F8_E4M3 [..., N, K], F32 scale_inv [..., ceil(N/128), ceil(K/128)]).
+
+    ``hw_cast``: round to E4M3 with the hardware cast (None: where exact, see triton_numerics).
+    """
+    if scale_fmt not in fp8_block.SCALE_FMTS:
+        raise ValueError(f"scale format must be one of {fp8_block.SCALE_FMTS}, not {scale_fmt!r}")
+    e8m0.check_rule(rule)
+    assert w.dim() >= 2, f"fp8-block weight must be [..., N, K], got {tuple(w.shape)}"
+    assert block in (32, 64, 128), f"tile size must be a power of two <= 128, got {block}"
+    check_input(w, "fp8-block weight")
+    n, k = w.shape[-2:]
+    tiles_n, tiles_k = triton.cdiv(n, block), triton.cdiv(k, block)
+    q = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device)  # [..., N, K]
+    s = torch.empty((*w.shape[:-2], tiles_n, tiles_k), dtype=torch.float32, device=w.device)  # [..., tn, tk]
+    k0, k1 = stream_key_i32(rounding)
+    if s.numel():
+        _fp8_block_quant_kernel[(s.numel(),)](
+            w, q.view(torch.uint8), s, n, k, tiles_n, tiles_k, k0, k1, rounding.offset,
+            BLOCK=block, UE8M0=scale_fmt == "ue8m0", RCEIL=rule == "rceil", STOCHASTIC=rounding.stochastic,
+            HW_CAST=hw_e4m3(w.device, hw_cast), num_warps=num_warps,
+        )  # fmt: skip
+    return q, s

@@ -1,0 +1,294 @@
+"""Triton fused MoE (vLLM fused_moe style) for FP8-block and MXFP8 experts: the ``triton``
+backend of the ``fused_moe`` op (arguments, layouts and numerics: :mod:`.fused_moe_ref`).
+
+One call, no host synchronisation and buffers sized by the shapes only (CUDA-graph safe):
+
+1. x [T, H] is quantized once per token (1x128 F32/UE8M0 or 1x32 E8M0, :mod:`.group_quant`);
+2. :func:`.moe_routing.align` sorts the T*k (token, slot) pairs by expert into
+   BLOCK_M-row blocks, each block one expert;
+3. GEMM 1 (:func:`_moe_gemm_kernel`, GATED): each program gathers its block's token rows, walks
+   K in 128-column blocks (sub-blocks of 128 for fp8-block, 32 for MX), multiplies by the
+   block's expert's gate and up rows (interleaved: rows 2j, 2j+1; concatenated: rows j, I + j)
+   with the DeepSeek per-sub-block promotion (fp8 dot times both scales into an f32
+   accumulator) or, ``upcast`` (MX only, power-of-two scales), exact bf16 operands, adds the
+   bias, rounds to x.dtype and applies the activation in the epilogue -> [T*k, I] in slot order;
+4. the intermediate is quantized per row like x; GEMM 2 (down [E, H, I] + bias, rounded to
+   x.dtype) writes [T*k, H];
+5. :func:`_combine_kernel`: out[t] = sum_j float32(y[t*k + j]) * w[t, j], a fixed-order
+   reduction (no atomics: the result is the same bytes on every run).
+
+Every x.dtype rounding is done in integer arithmetic (:func:`bf16_round`), so the compiled kernel
+and the CPU interpreter (whose float32 -> bf16 cast truncates) round alike.  The remaining
+differences to the reference are float32 summation order (exact fp8 products) and ``exp``;
+the tensor core adds its ~14-bit accumulation within each scale block (DeepSeek-V3 report).
+K need not be a multiple of 128 (GPT-OSS's 2880: masked tail).  Configurations come from
+:data:`MOE_CONFIGS` by average (token, slot) pairs per expert.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import dispatch
+from .fused_moe_ref import ExpertWeights, MoeSpec, check_moe
+from .group_quant import act_quant_fp8_block, mxfp8_quantize
+from .moe_routing import Alignment, align
+from .triton_numerics import PRIORITY, available, e8m0_decode, interpreted
+
+BLOCK_K = 128
+INT32_LIMIT = 2**31
+ACT_CODES = {"silu": 0, "gpt-oss": 1}
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """Tiles of both GEMMs (one alignment, so one BLOCK_M); ``block_n1`` counts intermediate
+    columns (a gated tile reads 2 x block_n1 weight rows)."""
+
+    block_m: int
+    block_n1: int
+    block_n2: int
+    num_warps: int = 4
+    num_stages: int = 3
+    group_m: int = 8
+    upcast: bool = False  # MX experts only: exact bf16 operands, one bf16 dot per 32 columns
+
+    def name(self) -> str:
+        return f"{self.block_m}x{self.block_n1}/{self.block_n2}/w{self.num_warps}/st{self.num_stages}{'/up' if self.upcast else ''}"
+
+
+# (largest average (token, slot) pairs per expert, config).  Decode is weight-bandwidth bound:
+# 16-row blocks and narrow N tiles so the few hit experts spread over every SM (vLLM H200
+# fused_moe fp8 tables use 16 x 32..64 there); prefill is compute bound: 64..128 x 128 tiles.
+MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
+    (8, MoeConfig(16, 32, 32, num_warps=4, num_stages=4)),
+    (48, MoeConfig(32, 64, 64, num_warps=4, num_stages=4)),
+    (160, MoeConfig(64, 64, 128, num_warps=4, num_stages=3)),
+    (float("inf"), MoeConfig(128, 64, 128, num_warps=8, num_stages=3)),
+)
+
+
+def pick_moe_config(n_pairs: int, num_experts: int, fmt: str) -> MoeConfig:
+    avg = n_pairs / max(num_experts, 1)
+    cfg = next(c for limit, c in MOE_CONFIGS if avg <= limit)
+    if fmt == "mxfp8" and cfg.block_m >= 64:  # per-32 promotion costs more than exact bf16 operands there
+        return MoeConfig(**{**cfg.__dict__, "upcast": True})
+    return cfg
+
+
+@triton.jit
+def _tile_coords(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grouped ordering: GROUP_M consecutive row blocks share each N tile while it is in L2."""
+    n_m = tl.cdiv(M, BLOCK_M)
+    width = GROUP_M * tl.cdiv(N, BLOCK_N)
+    first = (pid // width) * GROUP_M
+    size = tl.minimum(n_m - first, GROUP_M)
+    return first + (pid % width) % size, (pid % width) // size
+
+
+@triton.jit
+def bf16_round(x, ROUND: tl.constexpr):
+    """float32 -> nearest bfloat16 value (ties to even), still float32; identity unless ROUND."""
+    if ROUND:
+        bits = x.to(tl.int32, bitcast=True)
+        r = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+        return tl.where(x != x, x, r.to(tl.float32, bitcast=True))
+    return x
+
+
+@triton.jit
+def _activation(g, u, ACT: tl.constexpr, alpha, limit, ROUND: tl.constexpr):
+    """The engine's activation on x.dtype values, each torch op's rounding reproduced."""
+    if ACT == 0:  # silu(g) * u
+        s = bf16_round(tl.math.div_rn(g, 1.0 + tl.exp(-g)), ROUND)
+        return bf16_round(s * u, ROUND)
+    g = tl.minimum(g, limit)  # GPT-OSS: (clamp(u) + 1) * g * sigmoid(alpha * g), g <= limit
+    u = tl.minimum(tl.maximum(u, -limit), limit)
+    sig = bf16_round(tl.math.div_rn(1.0, 1.0 + tl.exp(-bf16_round(g * alpha, ROUND))), ROUND)
+    return bf16_round(bf16_round(u + 1.0, ROUND) * bf16_round(g * sig, ROUND), ROUND)
+
+
+@triton.jit
+def _scale(s_ptr, rows, row0, stride_r, kcol, n_cols, RPS: tl.constexpr, UNIFORM: tl.constexpr, E8M0: tl.constexpr):
+    """Scales of one sub-block: a scalar when the tile's rows share a scale row, else per row."""
+    if UNIFORM:
+        s = tl.load(s_ptr + (row0 // RPS) * stride_r + kcol, mask=kcol < n_cols, other=0)
+    else:
+        s = tl.load(s_ptr + (rows // RPS) * stride_r + kcol, mask=(rows * 0 + kcol) < n_cols, other=0)
+    if E8M0:
+        s = e8m0_decode(s.to(tl.int32))
+    return s
+
+
+@triton.jit
+def _mma(acc, a, w, sa, sw, W_UNIFORM: tl.constexpr, UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr):
+    """acc += (a * sa) @ (w * sw): promoted fp8 dot, or exact upcast operands."""
+    if UPCAST:
+        ab = (a.to(tl.float32) * sa[:, None]).to(UP_DTYPE)
+        if W_UNIFORM:
+            wb = (w.to(tl.float32) * sw).to(UP_DTYPE)
+        else:
+            wb = (w.to(tl.float32) * sw[None, :]).to(UP_DTYPE)
+        return tl.dot(ab, wb, acc)
+    d = tl.dot(a, w)
+    if W_UNIFORM:
+        return acc + d * (sa * sw)[:, None]
+    return acc + d * (sa[:, None] * sw[None, :])
+
+
+@triton.jit
+def _bias(acc, bias_ptr, rows, col_ok, HAS_BIAS: tl.constexpr):
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rows, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit(do_not_specialize=["n_slots", "up_off", "EM"])
+def _moe_gemm_kernel(
+    a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ptr, npad_ptr,
+    n_slots, EM, N, K, up_off, AS_COLS, WS_COLS, alpha, limit,
+    s_am, s_asm, s_we, s_wn, s_wse, s_wsn, s_be, s_om,
+    TOP_K: tl.constexpr, GATED: tl.constexpr, ROW_STEP: tl.constexpr, ACT: tl.constexpr, ROUND: tl.constexpr,
+    A_KPS: tl.constexpr, A_E8M0: tl.constexpr, W_RPS: tl.constexpr, W_KPS: tl.constexpr, W_E8M0: tl.constexpr,
+    HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+):  # fmt: skip
+    """out[slot, :N] for one BLOCK_M block of slots (one expert) and BLOCK_N output columns."""
+    pid_m, pid_n = _tile_coords(tl.program_id(0), EM, N, BLOCK_M, BLOCK_N, GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(npad_ptr):
+        return
+    e = tl.load(expert_ptr + pid_m).to(tl.int64)
+    slot = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))  # [BM]; n_slots = padding
+    valid = slot < n_slots
+    a_row = tl.where(valid, slot // TOP_K, 0)  # padding rows re-read row 0 and are never stored
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_g = (offs_n % N) * ROW_STEP  # weight rows of the gate (or only) half; wrapped columns never stored
+    row_u = row_g + up_off
+    row0 = pid_n * BLOCK_N * ROW_STEP
+    W_UNIFORM: tl.constexpr = W_RPS % (BLOCK_N * ROW_STEP) == 0
+    w_e = w_ptr + e * s_we
+    ws_e = ws_ptr + e * s_wse
+    offs_k = tl.arange(0, SUB_K)
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        for j in tl.static_range(BLOCK_K // SUB_K):
+            ks = kb * BLOCK_K + j * SUB_K + offs_k
+            a_ptrs = a_ptr + a_row[:, None] * s_am + ks[None, :]  # [BM, SUB_K]
+            wg_ptrs = w_e + row_g[None, :] * s_wn + ks[:, None]  # [SUB_K, BN]
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                wg = tl.load(wg_ptrs)
+            else:
+                a = tl.load(a_ptrs, mask=(ks < K)[None, :], other=0.0)
+                wg = tl.load(wg_ptrs, mask=(ks < K)[:, None], other=0.0)
+            acol = (kb * BLOCK_K + j * SUB_K) // A_KPS
+            wcol = (kb * BLOCK_K + j * SUB_K) // W_KPS
+            sa = _scale(as_ptr, a_row, 0, s_asm, acol, AS_COLS, 1, False, A_E8M0)
+            sg = _scale(ws_e, row_g, row0, s_wsn, wcol, WS_COLS, W_RPS, W_UNIFORM, W_E8M0)
+            acc_g = _mma(acc_g, a, wg, sa, sg, W_UNIFORM, UPCAST, UP_DTYPE)
+            if GATED:
+                wu_ptrs = w_e + row_u[None, :] * s_wn + ks[:, None]
+                if EVEN_K:
+                    wu = tl.load(wu_ptrs)
+                else:
+                    wu = tl.load(wu_ptrs, mask=(ks < K)[:, None], other=0.0)
+                su = _scale(ws_e, row_u, row0 + up_off, s_wsn, wcol, WS_COLS, W_RPS, W_UNIFORM, W_E8M0)
+                acc_u = _mma(acc_u, a, wu, sa, su, W_UNIFORM, UPCAST, UP_DTYPE)
+
+    col_ok = offs_n < N
+    h = bf16_round(_bias(acc_g, bias_ptr + e * s_be, row_g, col_ok, HAS_BIAS), ROUND)
+    if GATED:
+        u = bf16_round(_bias(acc_u, bias_ptr + e * s_be, row_u, col_ok, HAS_BIAS), ROUND)
+        h = _activation(h, u, ACT, alpha, limit, ROUND)
+    out_ptrs = out_ptr + slot[:, None].to(tl.int64) * s_om + offs_n[None, :]
+    tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=valid[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _combine_kernel(y_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, ROUND: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[t] = sum_j float32(y[t*k + j]) * w[t, j], j in order; y [T*k, H], w float32 [T, k]."""
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = offs < H
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        wj = tl.load(w_ptr + t * TOP_K + j)
+        acc += tl.load(y_ptr + (t * TOP_K + j) * H + offs, mask=mask, other=0.0).to(tl.float32) * wj
+    tl.store(out_ptr + t * H + offs, bf16_round(acc, ROUND).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _quant(x: torch.Tensor, fmt: str, spec: MoeSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row activation quantization: (E4M3 [R, K], F32 [R, ceil(K/128)] or U8 [R, K/32])."""
+    if fmt == "fp8-block":
+        return act_quant_fp8_block(x, spec.scale_fmt, spec.rule)
+    return mxfp8_quantize(x, spec.rule)
+
+
+def _gemm(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: torch.Tensor, al: Alignment, n_slots: int,
+          top_k: int, spec: MoeSpec | None, block_n: int, cfg: MoeConfig) -> None:  # fmt: skip
+    """Launch one grouped GEMM; ``spec`` set = GEMM 1 (gated, activation), None = GEMM 2."""
+    e, nw, k = w.shape
+    gated = spec is not None
+    n_out = nw // 2 if gated else nw
+    fp8b = w.fmt == "fp8-block"
+    ws = w.scale.view(torch.uint8) if not fp8b else w.scale
+    assert a.shape[1] == k and sa.is_contiguous() and ws.is_contiguous() and w.q.stride(2) == 1 and a.stride(1) == 1, "fused_moe: layouts"
+    assert out.shape == (n_slots, n_out) and out.is_contiguous(), f"fused_moe: output {tuple(out.shape)}, want ({n_slots}, {n_out})"
+    assert max(a.numel(), w.q[0].numel(), out.numel()) < INT32_LIMIT, "fused_moe: 32-bit offsets overflow"
+    assert not (cfg.upcast and fp8b), "upcast is exact only with power-of-two (MX) scales"
+    interleaved = gated and spec.interleaved
+    bias = w.bias if w.bias is not None else out
+    cap = al.sorted_ids.shape[0]
+    grid = (triton.cdiv(cap, al.block_m) * triton.cdiv(n_out, block_n),)
+    _moe_gemm_kernel[grid](
+        a, sa, w.q, ws, bias, out, al.sorted_ids, al.expert_ids, al.num_padded,
+        n_slots, cap, n_out, k, (1 if interleaved else n_out) if gated else 0, sa.shape[1], ws.shape[2],
+        spec.alpha if gated else 0.0, spec.limit if gated else 0.0,
+        a.stride(0), sa.stride(0), w.q.stride(0), w.q.stride(1), ws.stride(0), ws.stride(1), bias.stride(0), out.stride(0),
+        TOP_K=top_k, GATED=gated, ROW_STEP=2 if interleaved else 1, ACT=ACT_CODES[spec.activation] if gated else 0,
+        ROUND=out.dtype == torch.bfloat16, A_KPS=128 if fp8b else 32, A_E8M0=sa.dtype == torch.uint8,
+        W_RPS=128 if fp8b else 1, W_KPS=128 if fp8b else 32, W_E8M0=not fp8b, HAS_BIAS=w.bias is not None,
+        UPCAST=cfg.upcast, UP_DTYPE=tl.float32 if interpreted() else tl.bfloat16,
+        BLOCK_M=al.block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K, SUB_K=128 if fp8b else 32,
+        GROUP_M=cfg.group_m, EVEN_K=k % BLOCK_K == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def fused_moe(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: ExpertWeights,
+    w2: ExpertWeights,
+    spec: MoeSpec,
+    *,
+    config: MoeConfig | None = None,
+) -> torch.Tensor:
+    """x [T, H] -> [T, H] x.dtype; see the module docstring (no host sync)."""
+    t, h, inter, e = check_moe(x, topk_weights, topk_ids, w13, w2)
+    k = topk_ids.shape[1]
+    n = t * k
+    cfg = config or pick_moe_config(n, e, w13.fmt)
+    out = torch.empty((t, h), dtype=x.dtype, device=x.device)  # [T, H]
+    if n == 0:
+        return out
+    a, sa = _quant(x.contiguous(), w13.fmt, spec)  # once per token: E4M3 [T, H]
+    al = align(topk_ids, e, cfg.block_m)
+    mid = torch.empty((n, inter), dtype=x.dtype, device=x.device)  # [T*k, I], slot order
+    _gemm(a, sa, w13, mid, al, n, k, spec, cfg.block_n1, cfg)
+    mq, ms = _quant(mid, w2.fmt, spec)
+    y = torch.empty((n, h), dtype=x.dtype, device=x.device)  # [T*k, H]
+    _gemm(mq, ms, w2, y, al, n, 1, None, cfg.block_n2, cfg)
+    block_h = min(1024, triton.next_power_of_2(h))
+    w = topk_weights.to(torch.float32).contiguous()
+    _combine_kernel[(t, triton.cdiv(h, block_h))](y, w, out, h, TOP_K=k, ROUND=x.dtype == torch.bfloat16, BLOCK_H=block_h)
+    return out
+
+
+dispatch.register("fused_moe", "triton", fused_moe, available=available, priority=PRIORITY)

@@ -1,0 +1,112 @@
+"""The ``gemm_fp8_block`` op on Triton: y = dequant(A) @ dequant(W).T (+ bias), float32 accumulation.
+
+Layouts (the :mod:`quantkit.formats` ones, no repacking; DeepSeek-V3 inference/kernel.py
+``fp8_gemm``, vLLM ``w8a8_block_fp8_matmul``): A E4M3 [..., K] with F32 scales
+[..., ceil(K/128)] (``fp8_block.quantize_act``, 1x128); W E4M3 [N, K] with F32 ``scale_inv``
+[ceil(N/128), ceil(K/128)] (128x128 tiles, partial edge tiles allowed).
+
+The kernel and its launch come from a table by M (:data:`FP8_BLOCK_CONFIGS`, measured with
+``scripts/bench_kernels.py --sweep``; no autotuning at run time):
+
+* M <= 64: :mod:`.gemm_skinny` (decode: GEMV-like, split-K over every SM, streams the weight once);
+* larger M: :mod:`.gemm_block_scaled` (64x128 tiles, one warpgroup, grouped order; TMA loads
+  from M = 1025 on, when rows are 16-byte aligned, else pointer loads -- the table's rule, so an
+  explicit ``config`` with ``tma=True`` on unaligned rows raises instead).
+
+``by-shape`` (the backend ``auto`` picks on Hopper) runs cuBLAS or this Triton op per the
+measured crossover table :data:`.scaled_mm.BY_SHAPE_FP8`, and says which through
+:func:`.scaled_mm.by_shape_choice`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from . import dispatch
+from .gemm_block_scaled import BLOCK_K, INT32_LIMIT, Config, Side, Workspace, block_scaled_mm, tma_ok
+from .gemm_skinny import SkinnyConfig, skinny_mm
+from .scaled_mm import BY_SHAPE_PRIORITY, by_shape_choice, cublas_available, gemm_fp8_block_cublas
+from .triton_numerics import PRIORITY, available
+
+KernelConfig = Config | SkinnyConfig
+ConfigTable = tuple[tuple[int, KernelConfig], ...]
+
+# (largest M, config).  Measured on the H200 (docs/benchmarks.md, first run): at M >= 128 the
+# 64x128 / 4 warps tiles beat 128x128 / 8 warps (two f32 tiles per thread leave room for 2-3
+# programs per SM, which hides the promotion), TMA paid off from M = 4096; 128x256 spills.
+# M <= 64 is weight-bandwidth bound: the small-M kernel.
+FP8_BLOCK_CONFIGS: ConfigTable = (
+    (64, SkinnyConfig(block_n=64, waves=4, num_warps=4, num_stages=4)),
+    (1024, Config(64, 128, group=8, num_warps=4, num_stages=4)),
+    (INT32_LIMIT, Config(64, 128, group=8, tma=True, num_warps=4, num_stages=3)),
+)
+
+
+def pick_config(table: ConfigTable, m: int) -> KernelConfig:
+    for m_max, cfg in table:
+        if m <= m_max:
+            return cfg
+    raise ValueError(f"no GEMM configuration for M={m}")
+
+
+def table_config(table: ConfigTable, a: Side, w: Side) -> KernelConfig:
+    """The table's config for these operands: TMA only where rows are 16-byte aligned."""
+    cfg = pick_config(table, a.q.shape[0])
+    if isinstance(cfg, Config) and cfg.tma and not tma_ok(a.q, w.q):
+        return replace(cfg, tma=False, persistent=0)
+    return cfg
+
+
+def run(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtype, cfg: KernelConfig, workspace: Workspace | None = None) -> torch.Tensor:
+    """Launch the kernel ``cfg`` names (small-M or tiled) on 2-D operands."""
+    if isinstance(cfg, SkinnyConfig):
+        return skinny_mm(a, w, bias, out_dtype, cfg, workspace)
+    return block_scaled_mm(a, w, bias, out_dtype, cfg, workspace)
+
+
+def flatten_act(a: torch.Tensor, a_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., K] activations and [..., G] scales -> 2-D views [M, K], [M, G]."""
+    assert a.shape[:-1] == a_scale.shape[:-1], f"activation {tuple(a.shape)} and its scales {tuple(a_scale.shape)} disagree"
+    if a.dim() == 2:
+        return a, a_scale
+    return a.reshape(-1, a.shape[-1]), a_scale.reshape(-1, a_scale.shape[-1])
+
+
+def gemm_fp8_block(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    *,
+    config: KernelConfig | None = None,
+    workspace: Workspace | None = None,
+) -> torch.Tensor:
+    """A E4M3 [..., K] (F32 1x128 scales [..., ceil(K/128)]) x W E4M3 [N, K] (F32 [ceil(N/128), ceil(K/128)]) -> [..., N]."""
+    a2, s2 = flatten_act(a, a_scale)
+    sa = Side(a2, s2 if s2.dtype == torch.float32 else s2.to(torch.float32), 1, BLOCK_K)
+    sw = Side(w, w_scale if w_scale.dtype == torch.float32 else w_scale.to(torch.float32), BLOCK_K, BLOCK_K)
+    out = run(sa, sw, bias, out_dtype, config or table_config(FP8_BLOCK_CONFIGS, sa, sw), workspace)
+    return out if a.dim() == 2 else out.reshape(*a.shape[:-1], w.shape[0])
+
+
+def gemm_fp8_block_by_shape(a, a_scale, w, w_scale, bias=None, out_dtype=torch.bfloat16) -> torch.Tensor:
+    """cuBLAS or Triton per :func:`.scaled_mm.by_shape_choice` (which says what runs)."""
+    m = a.numel() // a.shape[-1]
+    if by_shape_choice(m, *w.shape) == "cublas":
+        return gemm_fp8_block_cublas(a, a_scale, w, w_scale, bias, out_dtype)
+    return gemm_fp8_block(a, a_scale, w, w_scale, bias, out_dtype)
+
+
+def _by_shape_available(device: torch.device) -> dispatch.Availability:
+    for why in (available(device), cublas_available(device)):
+        if not why.ok:
+            return why
+    return dispatch.Availability(True)
+
+
+dispatch.register("gemm_fp8_block", "triton", gemm_fp8_block, available=available, priority=PRIORITY)
+dispatch.register("gemm_fp8_block", "by-shape", gemm_fp8_block_by_shape, available=_by_shape_available, priority=BY_SHAPE_PRIORITY)

@@ -1,0 +1,190 @@
+"""Triton block-scaled FP8 GEMM for small M (decode): stream the weight once at HBM bandwidth.
+
+Same function and operands as :mod:`.gemm_block_scaled` (y[M, N] = dequant(A) @ dequant(W).T
+(+ bias), float32 accumulation; A rows carry 1x128 F32 or 1x32 E8M0 scales, W 128x128 F32 tiles
+or 1x32 E8M0), laid out for M <= 64 where the weight read is the whole cost:
+
+* swap-AB, GEMV-like: program (n, s, m) owns BLOCK_N weight rows (the long side) x BLOCK_M tokens
+  x the s-th slice of K.  Each K step loads a [BLOCK_N, SUB_K] E4M3 weight tile (128-byte rows,
+  16-byte vector loads) and the tiny [BLOCK_M, SUB_K] activation tile, and promotes the
+  product into a float32 [BLOCK_N, BLOCK_M] accumulator times both scales (per 128 columns for
+  FP8-block, per 32 for MXFP8), as the tiled kernel does.
+* ``dot``: the product on the tensor core (fp8 dot, BLOCK_M >= 16); without it the tile is upcast
+  to float32 and reduced with ``tl.sum`` (CUDA cores, meant for M <= 8).
+* split-K sized from the SM count (``waves`` programs per SM), capped so the float32 partial sums
+  move at most as many bytes as the weight; full 128-blocks run unmasked, the partial last one
+  masked.  The reduction is deterministic: the last program of a tile sums the partials in
+  split order (:func:`.gemm_block_scaled.split_reduce`), from a cached :class:`Workspace`.
+
+A launch allocates only its output, makes no host sync and keeps no per-call state: CUDA-graph
+safe after one warm-up call (which compiles and sizes the workspace).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .gemm_block_scaled import BLOCK_K, WORKSPACE, Side, Workspace, cdiv, check_side, side_scale, split_plan, split_reduce
+from .triton_numerics import e8m0_decode
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """One small-M launch.  ``block_m`` 0: the next power of two >= M (16..128 with ``dot``);
+    ``split_k`` 0: from ``waves`` programs per SM; ``chunk``: K columns per sub-step (at most the
+    scale granularity; smaller keeps the CUDA-core path's [BLOCK_N, BLOCK_M, chunk] product in registers)."""
+
+    block_n: int = 64
+    block_m: int = 0
+    split_k: int = 0
+    waves: int = 4
+    min_kb: int = 2  # K-blocks (of 128) per split at least
+    dot: bool = True
+    chunk: int = 128
+    num_warps: int = 4
+    num_stages: int = 4
+
+    def name(self) -> str:
+        core = "tc" if self.dot else "cc"  # tensor-core dot / CUDA-core reduction
+        split = f"s{self.split_k}" if self.split_k else f"waves{self.waves}" + (f"kb{self.min_kb}" if self.min_kb != 2 else "")
+        return f"skinny {self.block_n}x{self.block_m or 'M'}/{core}/{split}/c{self.chunk}/w{self.num_warps}/st{self.num_stages}"
+
+
+@triton.jit
+def _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, n0, kb, K, WS_COLS, AS_COLS,
+                 swn, swsn, swsk, sam, sasm, sask,
+                 W_RPS: tl.constexpr, W_KPS: tl.constexpr, W_E8M0: tl.constexpr, A_KPS: tl.constexpr, A_E8M0: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, DOT: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """One BLOCK_K step: BLOCK_K // SUB_K sub-blocks, each product promoted with both scales."""
+    W_UNIFORM: tl.constexpr = W_RPS % BLOCK_N == 0
+    offs_s = tl.arange(0, SUB_K)
+    for j in tl.static_range(BLOCK_K // SUB_K):
+        k = kb * BLOCK_K + j * SUB_K + offs_s
+        w_ptrs = w_ptr + rows_w[:, None] * swn + k[None, :]  # [BN, SUB_K]
+        if DOT:
+            a_ptrs = a_ptr + k[:, None] + rows_a[None, :] * sam  # [SUB_K, BM]
+        else:
+            a_ptrs = a_ptr + rows_a[:, None] * sam + k[None, :]  # [BM, SUB_K]
+        if MASKED:
+            w = tl.load(w_ptrs, mask=(k < K)[None, :], other=0.0)
+            if DOT:
+                a = tl.load(a_ptrs, mask=(k < K)[:, None], other=0.0)
+            else:
+                a = tl.load(a_ptrs, mask=(k < K)[None, :], other=0.0)
+        else:
+            w = tl.load(w_ptrs)
+            a = tl.load(a_ptrs)
+        wcol = kb * (BLOCK_K // W_KPS) + (j * SUB_K) // W_KPS
+        acol = kb * (BLOCK_K // A_KPS) + (j * SUB_K) // A_KPS
+        ws = side_scale(ws_ptr, rows_w, n0, wcol, WS_COLS, swsn, swsk, W_RPS, BLOCK_N, W_E8M0)  # scalar or [BN]
+        sa = tl.load(as_ptr + rows_a * sasm + acol * sask, mask=(rows_a * 0 + acol) < AS_COLS, other=0)  # [BM]
+        if A_E8M0:
+            sa = e8m0_decode(sa.to(tl.int32))
+        if DOT:
+            d = tl.dot(w, a)  # [BN, BM], fp8 tensor core
+        else:
+            d = tl.sum(w.to(tl.float32)[:, None, :] * a.to(tl.float32)[None, :, :], axis=2)  # [BN, BM]
+        if W_UNIFORM:
+            acc += d * (sa * ws)[None, :]
+        else:
+            acc += d * (ws[:, None] * sa[None, :])
+    return acc
+
+
+@triton.jit(do_not_specialize=["M", "N", "WS_COLS", "AS_COLS", "swsn", "swsk", "sasm", "sask", "kb_per_split"])
+def _skinny_kernel(
+    w_ptr, ws_ptr, a_ptr, as_ptr, c_ptr, bias_ptr, part_ptr, count_ptr,
+    M, N, K, WS_COLS, AS_COLS, kb_per_split,
+    swn, swsn, swsk, sam, sasm, sask, scm,
+    W_RPS: tl.constexpr, W_KPS: tl.constexpr, W_E8M0: tl.constexpr, A_KPS: tl.constexpr, A_E8M0: tl.constexpr,
+    HAS_BIAS: tl.constexpr, DOT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, HAS_SPLIT: tl.constexpr, STAGES: tl.constexpr,
+):  # fmt: skip
+    """out[M, N] (row stride scm) = A[M, K] @ W[N, K].T per the module docstring; grid (n tiles, splits, m tiles)."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    n0 = pid_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows_w = tl.minimum(offs_n, N - 1)  # out-of-range rows re-read a valid one; never stored
+    rows_a = tl.minimum(offs_m, M - 1)
+    n_full = K // BLOCK_K
+    kb_lo = split * kb_per_split
+    kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for kb in tl.range(kb_lo, tl.minimum(kb_hi, n_full), num_stages=STAGES):
+        acc = _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, n0, kb, K, WS_COLS, AS_COLS,
+                           swn, swsn, swsk, sam, sasm, sask, W_RPS, W_KPS, W_E8M0, A_KPS, A_E8M0,
+                           BLOCK_N, BLOCK_K, SUB_K, DOT, False)  # fmt: skip
+    if (kb_hi > n_full) & (kb_lo <= n_full):  # this split holds the partial last block
+        acc = _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, n0, n_full, K, WS_COLS, AS_COLS,
+                           swn, swsn, swsk, sam, sasm, sask, W_RPS, W_KPS, W_E8M0, A_KPS, A_E8M0,
+                           BLOCK_N, BLOCK_K, SUB_K, DOT, True)  # fmt: skip
+    if HAS_SPLIT:
+        tile = pid_m * tl.num_programs(0) + pid_n
+        n_tiles = tl.num_programs(0) * tl.num_programs(2)
+        last, acc = split_reduce(acc, part_ptr, count_ptr, tile, n_tiles, split, tl.num_programs(1), BLOCK_N, BLOCK_M)
+    else:
+        last = True
+    if last:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[:, None]
+        mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
+        tl.store(c_ptr + offs_m[None, :] * scm + offs_n[:, None], acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+MAX_AUTO_BLOCK_M = 128  # larger M runs several token tiles (the weight is then read once per tile)
+
+
+def block_m_for(m: int, cfg: SkinnyConfig) -> int:
+    """Token tile: the config's, else the next power of two >= M up to 128 (at least 16 for the tensor core)."""
+    if cfg.block_m:
+        return cfg.block_m
+    bm = min(1 << max(0, m - 1).bit_length(), MAX_AUTO_BLOCK_M)
+    return max(bm, 16) if cfg.dot else bm
+
+
+def skinny_split(cfg: SkinnyConfig, tiles: int, k: int, block_m: int, sms: int) -> tuple[int, int]:
+    """(splits, K-blocks per split): ``waves`` programs per SM, >= ``min_kb`` K-blocks per split, and
+    partial sums (splits x BLOCK_M x N float32, written and read) no larger than the weight (N x K bytes)."""
+    n_kb = cdiv(k, BLOCK_K)
+    if cfg.split_k:
+        return split_plan(cfg.split_k, n_kb)
+    want = min(cdiv(cfg.waves * sms, tiles), max(1, k // (8 * block_m)), max(1, n_kb // cfg.min_kb))
+    return split_plan(want, n_kb)
+
+
+def skinny_mm(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtype, cfg: SkinnyConfig, workspace: Workspace | None = None) -> torch.Tensor:
+    """[M, K] x [N, K] -> out_dtype [M, N]; ``a`` tokens (one scale row each), ``w`` the weight."""
+    m, k = a.q.shape
+    n = w.q.shape[0]
+    check_side(a, "activation", k)
+    check_side(w, "weight", k)
+    assert a.rps == 1, f"activation scales must be per row, got {a.rps} rows per scale"
+    assert w.rps == 1 or w.rps % cfg.block_n == 0, f"{cfg.name()}: BLOCK_N must divide the weight's {w.rps}-row scale tiles"
+    assert bias is None or tuple(bias.shape) == (n,), f"bias must be [{n}], got {None if bias is None else tuple(bias.shape)}"
+    bm = block_m_for(m, cfg)
+    assert not cfg.dot or bm >= 16, f"{cfg.name()}: the tensor-core dot needs BLOCK_M >= 16"
+    out = torch.empty((m, n), dtype=out_dtype, device=a.q.device)  # [M, N]
+    if m == 0 or n == 0:
+        return out
+    ws = workspace or WORKSPACE
+    n_tiles, m_tiles = cdiv(n, cfg.block_n), cdiv(m, bm)
+    split, per = skinny_split(cfg, n_tiles * m_tiles, k, bm, ws.sm_count(out.device))
+    tiles = n_tiles * m_tiles
+    part, count = (ws.partials(split * tiles * cfg.block_n * bm, out.device), ws.counters(tiles, out.device)) if split > 1 else (out, out)
+    _skinny_kernel[(n_tiles, split, m_tiles)](
+        w.q, w.s, a.q, a.s, out, bias if bias is not None else out, part, count,
+        m, n, k, w.s.shape[1], a.s.shape[1], per,
+        w.q.stride(0), w.s.stride(0), w.s.stride(1), a.q.stride(0), a.s.stride(0), a.s.stride(1), out.stride(0),
+        W_RPS=w.rps, W_KPS=w.kps, W_E8M0=w.s.dtype == torch.uint8, A_KPS=a.kps, A_E8M0=a.s.dtype == torch.uint8,
+        HAS_BIAS=bias is not None, DOT=cfg.dot, BLOCK_N=cfg.block_n, BLOCK_M=bm,
+        BLOCK_K=BLOCK_K, SUB_K=min(w.kps, a.kps, cfg.chunk), HAS_SPLIT=split > 1, STAGES=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return out

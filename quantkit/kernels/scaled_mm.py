@@ -1,0 +1,160 @@
+"""The GEMM ops: their torch references, the cuBLAS backend (torch's block-scaled ``scaled_mm``),
+and their registration with the dispatcher (the Triton backends live in :mod:`.gemm_fp8_block`
+and :mod:`.gemm_mxfp8`).
+
+| op                  | a (tokens)                              | w (weight)                                        |
+|---------------------|-----------------------------------------|---------------------------------------------------|
+| ``gemm_fp8_block``  | E4M3 [..., K] + F32 [..., ceil(K/128)]  | E4M3 [N, K] + F32 [ceil(N/128), ceil(K/128)]      |
+| ``gemm_mxfp8``      | E4M3 [..., K] + U8 E8M0 [..., K/32]     | E4M3 [N, K] + U8 E8M0 [N, K/32]                   |
+| ``gemm_mxfp8_w128`` | E4M3 [..., K] + U8 E8M0 [..., K/32]     | E4M3 [N, K] + power-of-two F32 [ceil(N/128), ceil(K/128)] |
+
+All take ``(a, a_scale, w, w_scale, bias=None, out_dtype=torch.bfloat16)`` and return
+out_dtype [..., N] = dequant(a) @ dequant(w).T + bias, computed in float32 and rounded once.
+
+cuBLAS (torch ScaledBlas.cpp ``_scaled_block1x128_block128x128``; SM90 only, cuBLASLt >= 12.9):
+mat_a [M, K] row-major, mat_b [K, N] column-major (W.t(), no copy), scale_a F32 [M, K/128]
+column-major (strides (1, M)), scale_b F32 [L4, ceil(N/128)] with strides (1, L4), L4 =
+ceil(K/128) rounded up to 4.  K must be a multiple of 128: a weight with K = 2880 is
+zero-padded to 2944 at :func:`prepare_weight` and the activation is padded per call.  M is
+padded with zero rows to a multiple of :data:`CUBLAS_M_ALIGN`: on the H200 (torch 2.11, CUDA 13.0)
+cuBLASLt's heuristic answers CUBLAS_STATUS_NOT_SUPPORTED at M = 1 and runs M = 16, 64, ...
+(``scripts/bench_kernels.py`` probes which M it accepts and prints it).  Called through
+``torch.nn.functional.scaled_mm`` (ScalingType.BlockWise1x128 / BlockWise128x128) when torch
+has it, else ``torch._scaled_mm`` with the same tensors; :func:`api` says which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..formats import fp8_block, mxfp8
+from . import dispatch
+
+BLOCK = fp8_block.BLOCK
+CUBLAS_PRIORITY = 5  # explicit, or through "by-shape"; it re-lays out scales on every call
+BY_SHAPE_PRIORITY = 20
+CUBLAS_M_ALIGN = 16  # rows of mat_a are zero-padded to a multiple of this (M = 1 is refused)
+INT32_LIMIT = 2**31
+# by-shape for gemm_fp8_block: (largest M, backend), first match wins; N % 16 != 0 always runs
+# Triton.  From the first H200 run (torch 2.11, triton 3.6; scripts/bench_kernels.py prints the
+# per-M winners and a suggested table): cuBLAS won every shape at M >= 128 (by 1.3-4x), also
+# with K % 128 != 0, where it pads the weight and activation per call; M <= 64 is Triton's
+# small-M kernel (decode), pending the graph-timed comparison of the next run.
+BY_SHAPE_FP8: tuple[tuple[int, str], ...] = ((64, "triton"), (INT32_LIMIT, "cublas"))
+
+
+def _finish(y: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype, lead: tuple[int, ...]) -> torch.Tensor:
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(out_dtype).reshape(*lead, y.shape[-1])
+
+
+def gemm_fp8_block_ref(a, a_scale, w, w_scale, bias=None, out_dtype=torch.bfloat16) -> torch.Tensor:
+    """DeepSeek's numerics: dequantize both sides (F32), one F32 matmul, one rounding."""
+    x = fp8_block.dequantize_act(a, a_scale).reshape(-1, a.shape[-1])
+    y = x @ fp8_block.dequantize_weight(w, w_scale).T
+    return _finish(y, bias, out_dtype, a.shape[:-1])
+
+
+def gemm_mxfp8_ref(a, a_scale, w, w_scale, bias=None, out_dtype=torch.bfloat16) -> torch.Tensor:
+    x = mxfp8.dequantize(a, a_scale.view(torch.uint8)).reshape(-1, a.shape[-1])
+    y = x @ mxfp8.dequantize(w, w_scale.view(torch.uint8)).T
+    return _finish(y, bias, out_dtype, a.shape[:-1])
+
+
+def gemm_mxfp8_w128_ref(a, a_scale, w, w_scale, bias=None, out_dtype=torch.bfloat16) -> torch.Tensor:
+    x = mxfp8.dequantize(a, a_scale.view(torch.uint8)).reshape(-1, a.shape[-1])
+    y = x @ fp8_block.dequantize_weight(w, w_scale).T
+    return _finish(y, bias, out_dtype, a.shape[:-1])
+
+
+def api() -> str:
+    """Which torch entry point the cuBLAS backend calls on this torch."""
+    return "torch.nn.functional.scaled_mm" if hasattr(F, "scaled_mm") else "torch._scaled_mm"
+
+
+@dataclass(frozen=True)
+class CublasWeight:
+    """A weight in cuBLAS's layout: ``mat_b`` [K', N] column-major, ``scale_b`` [L4, ceil(N/128)] strides (1, L4)."""
+
+    mat_b: torch.Tensor
+    scale_b: torch.Tensor
+    n: int
+    k: int  # the true K; mat_b has K' = K rounded up to 128 (zero columns)
+
+
+def prepare_weight(w: torch.Tensor, w_scale: torch.Tensor) -> CublasWeight:
+    """W E4M3 [N, K] + F32 [ceil(N/128), ceil(K/128)] -> cuBLAS layout (copies only when K % 128 != 0)."""
+    n, k = w.shape
+    kb = -(-k // BLOCK)
+    assert tuple(w_scale.shape) == (-(-n // BLOCK), kb), f"weight scales {tuple(w_scale.shape)} do not fit {tuple(w.shape)}"
+    assert n % 16 == 0, f"cuBLAS FP8 needs N % 16 == 0, got N={n}"
+    if k % BLOCK:
+        w = F.pad(w.view(torch.uint8), (0, kb * BLOCK - k)).view(torch.float8_e4m3fn)  # [N, K'] zero columns
+    w = w.contiguous()
+    l4 = -(-kb // 4) * 4
+    sb = F.pad(w_scale.to(torch.float32), (0, l4 - kb)).contiguous()  # [nb, L4]
+    return CublasWeight(w.t(), sb.t(), n, k)
+
+
+def prepare_act(a: torch.Tensor, a_scale: torch.Tensor, k_pad: int, m_align: int = CUBLAS_M_ALIGN) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] E4M3 + F32 [M, ceil(K/128)] -> (row-major [M', K'] zero-padded, column-major scales
+    [M', kb] with zero rows), M' = M rounded up to ``m_align``; the output's first M rows are the result."""
+    m, k = a.shape
+    m_pad = -(-m // m_align) * m_align
+    if k_pad != k or m_pad != m:
+        a = F.pad(a.view(torch.uint8), (0, k_pad - k, 0, m_pad - m)).view(torch.float8_e4m3fn)
+    sa = torch.zeros((a_scale.shape[1], m_pad), dtype=torch.float32, device=a.device).t()  # [M', kb] col-major
+    sa[:m].copy_(a_scale)
+    return a.contiguous(), sa
+
+
+def scaled_mm_prepared(a: torch.Tensor, sa: torch.Tensor, cw: CublasWeight, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """One cuBLAS call on prepared operands -> out_dtype [M, N] (bias in cuBLAS's epilogue)."""
+    if hasattr(F, "scaled_mm"):
+        return F.scaled_mm(
+            a, cw.mat_b, sa, F.ScalingType.BlockWise1x128, cw.scale_b, F.ScalingType.BlockWise128x128,
+            bias=bias, output_dtype=out_dtype,
+        )  # fmt: skip
+    return torch._scaled_mm(a, cw.mat_b, sa, cw.scale_b, bias=bias, out_dtype=out_dtype)
+
+
+def gemm_fp8_block_cublas(a, a_scale, w, w_scale, bias=None, out_dtype=torch.bfloat16) -> torch.Tensor:
+    """The op through cuBLAS; lays out the scales (and pads K) on every call: serving code keeps a
+    :class:`CublasWeight` from :func:`prepare_weight` and calls :func:`scaled_mm_prepared`."""
+    cw = prepare_weight(w, w_scale)
+    a2, s2 = a.reshape(-1, a.shape[-1]), a_scale.reshape(-1, a_scale.shape[-1])
+    ap, sa = prepare_act(a2, s2, cw.mat_b.shape[0])
+    epilogue_bias = bias is not None and bias.dtype == out_dtype == torch.bfloat16  # cuBLAS adds it in f32
+    y = scaled_mm_prepared(ap, sa, cw, bias if epilogue_bias else None, out_dtype)[: a2.shape[0]]
+    if bias is not None and not epilogue_bias:  # a second rounding: within one ulp of the reference
+        y = (y.to(torch.float32) + bias.to(torch.float32)).to(out_dtype)
+    return y.reshape(*a.shape[:-1], cw.n)
+
+
+def by_shape_choice(m: int, n: int, k: int) -> str:
+    """The backend ``by-shape`` runs for an [m, k] x [n, k] fp8-block GEMM (:data:`BY_SHAPE_FP8`)."""
+    if n % 16:
+        return "triton"  # cuBLAS FP8 needs N % 16 == 0
+    return next(b for m_max, b in BY_SHAPE_FP8 if m <= m_max)
+
+
+def cublas_available(device: torch.device) -> dispatch.Availability:
+    if device.type != "cuda":
+        return dispatch.Availability(False, reason=f"cuBLAS needs a CUDA device, got {device.type}")
+    major, minor = torch.cuda.get_device_capability(device)
+    if major != 9:
+        return dispatch.Availability(False, reason=f"block-wise (1x128, 128x128) scaled_mm is SM90-only in torch, got sm_{major}{minor}")
+    return dispatch.Availability(True, auto=False, reason="explicit only: re-lays out scales per call")
+
+
+def _register() -> None:
+    for op, fn in (("gemm_fp8_block", gemm_fp8_block_ref), ("gemm_mxfp8", gemm_mxfp8_ref), ("gemm_mxfp8_w128", gemm_mxfp8_w128_ref)):
+        dispatch.register(op, dispatch.REFERENCE, fn)
+    dispatch.register("gemm_fp8_block", "cublas", gemm_fp8_block_cublas, available=cublas_available, priority=CUBLAS_PRIORITY)
+
+
+_register()

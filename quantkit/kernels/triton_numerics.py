@@ -1,0 +1,197 @@
+"""Triton device functions that reproduce :mod:`quantkit.formats` bit for bit, and the Triton
+backend's availability predicate.
+
+Each result comes from integer bit patterns and float32 operations that are exact or correctly
+rounded on every Triton target (NVIDIA GPUs and the CPU interpreter):
+
+* amax: an integer max over the bits of |x|, which keeps NaN as ``torch.amax`` does;
+* powers of two are built from their bits (:func:`formats.e8m0.pow2`); the E8M0 exponent is
+  read from the amax's float32 bits (:func:`formats.e8m0.exponent`);
+* x / s is the IEEE quotient, never plain ``/`` (approximate on GPUs): with inv = div_rn(1, s)
+  computed once per tile or group, a power-of-two s gives x * inv (exact), any other s gives
+  Markstein's correction q = |x| inv, r = fma(-q, s, |x|), q' = fma(r, inv, q), which is the
+  correctly rounded |x| / s when inv is the correctly rounded reciprocal (Markstein 1990;
+  checked here against IEEE division on 10**8 float32 pairs, ties and near-ties included).
+  Only below 2**-126 may q' differ, where every E4M3 result is +-0 anyway;
+* E4M3 bytes: on sm_90+ compiled, ``.to(tl.float8e4nv)`` (RTNE is Triton's default for
+  downcasts; it lowers to ``cvt.rn.satfinite.e4m3x2.f32``) after clamping to +-448.  Elsewhere
+  the byte is assembled from |v| / ulp (exact) rounded to an integer: the interpreter's software
+  cast rounds ties away from zero, drops the carry of a mantissa overflow into an odd exponent
+  field (1.9375 -> 1.0 instead of 2.0) and truncates results below 2**-6, and on sm_89 Triton
+  goes through an fp16 round-toward-zero step that breaks ties.  Stochastic rounding always
+  assembles the byte;
+* the stochastic-rounding uniform is the lowbias32 counter hash of :mod:`formats.rounding` in
+  uint32 arithmetic (wrap-around multiply, logical shifts); its key (k0, k1) comes from
+  :func:`formats.rounding.stream_key` on the host.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+from ..formats import rounding
+from .dispatch import Availability
+
+PRIORITY = 10  # above the torch reference (0); a cuBLAS/FlashInfer backend may rank higher
+AMAX_FLOOR: tl.constexpr = tl.constexpr(1e-4)  # formats.fp8_block.AMAX_FLOOR
+
+
+@triton.jit
+def abs_max(x, axis: tl.constexpr):
+    """max |x| along ``axis`` of float32 x; NaN anywhere gives NaN, as torch.amax.
+
+    The bits of |x| order like the values as int32, and every NaN lies above inf, so an integer
+    max keeps NaN without a second reduction (Triton's float max drops NaN).
+    """
+    bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    return tl.max(bits, axis).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def pow2(k):
+    """int32 k in [-127, 128] -> float32 2**k (2**-127 is the subnormal 0x00400000; 128 -> inf)."""
+    bits = tl.where(k <= -127, 0x00400000, (k + 127) << 23)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e8m0_decode(b):
+    """int32 E8M0 byte -> float32 2**(b-127); 0xFF -> NaN (formats.e8m0.decode)."""
+    bits = tl.where(b == 0, 0x00400000, b << 23)
+    return tl.where(b == 0xFF, float("nan"), bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def e8m0_exponent(amax, E_MAX: tl.constexpr, M_MAX: tl.constexpr, RCEIL: tl.constexpr):
+    """float32 amax >= 0 -> int32 k of scale 2**k, clamped to [-127, 127]; NaN/Inf -> 128.
+
+    k = floor(log2 amax) - E_MAX (+1 under rceil when the mantissa field exceeds M_MAX).  A
+    subnormal or zero amax (exponent field 0) gives k < -127 for every E_MAX >= 1, i.e. the clamp
+    to -127 that formats.e8m0 applies after normalising it through frexp (and to amax == 0).
+    """
+    tl.static_assert(E_MAX >= 1)
+    bits = amax.to(tl.int32, bitcast=True)
+    e_field = (bits >> 23) & 0xFF
+    k = e_field - 127 - E_MAX
+    if RCEIL:
+        k = k + ((bits & 0x7FFFFF) > M_MAX).to(tl.int32)
+    k = tl.minimum(tl.maximum(k, -127), 127)
+    return tl.where(e_field == 0xFF, 128, k)
+
+
+@triton.jit
+def fp8_block_scale(amax, UE8M0: tl.constexpr, RCEIL: tl.constexpr):
+    """formats.fp8_block._scale: amax floored at 1e-4, then amax / 448 or 2**exponent."""
+    amax = tl.maximum(amax, AMAX_FLOOR, propagate_nan=tl.PropagateNan.ALL)
+    if UE8M0:
+        return pow2(e8m0_exponent(amax, 8, 0x600000, RCEIL))
+    return tl.math.div_rn(amax, 448.0)
+
+
+@triton.jit
+def divide(x, s, inv, POW2: tl.constexpr):
+    """x / s as IEEE division, given inv = div_rn(1, s) broadcast like s (see module docstring)."""
+    if POW2:
+        return x * inv  # s = 2**k (or inf / NaN): inv is exact, so is the product
+    a = tl.abs(x)
+    q = a * inv
+    q2 = tl.fma(tl.fma(-q, s, a), inv, q)
+    q = tl.where(tl.abs(s) < float("inf"), q2, q)  # s = inf: |x| * 0 is the quotient; NaN stays NaN
+    sign = x.to(tl.int32, bitcast=True) & -0x80000000
+    return (q.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e4m3_code(v, u, STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr):
+    """float32 v (already divided by its scale) -> E4M3 byte, as formats.fp8.round_e4m3.
+
+    Assembled: |v| is clamped to 448; with e = max(floor(log2|v|), -6) and ulp = 2**(e-3),
+    t = |v|/ulp is exact and lies in [0, 16]; the byte is ((e + 6) << 3) + round(t) (a carry to
+    16 moves to the next binade by itself; e = -6 covers the subnormals), round being
+    ties-to-even through the float32 addition t + 2**23, or floor(t) + (u < frac(t)).
+    """
+    if HW_CAST and not STOCHASTIC:
+        c = tl.clamp(v, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
+        return c.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    bits = v.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    is_nan = v != v
+    a = tl.minimum((bits & 0x7FFFFFFF).to(tl.float32, bitcast=True), 448.0)
+    a = tl.where(is_nan, 0.0, a)
+    e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+    t = a * ((130 - e) << 23).to(tl.float32, bitcast=True)  # a * 2**(3-e), exact
+    if STOCHASTIC:
+        fl = t.to(tl.int32)
+        n = fl + (u < (t - fl.to(tl.float32))).to(tl.int32)
+    else:
+        n = (t + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
+    code = ((e + 6) << 3) + n
+    return (tl.where(is_nan, 0x7F, code) | sign).to(tl.uint8)
+
+
+@triton.jit
+def flat_index(start, off):
+    """Flat element index start + off as uint32 (lo, hi); start int64 scalar, off int32 >= 0."""
+    s_lo = (start & 0xFFFFFFFF).to(tl.uint32)
+    s_hi = (start >> 32).to(tl.uint32)
+    lo = s_lo + off.to(tl.uint32)
+    return lo, s_hi + (lo < s_lo).to(tl.uint32)
+
+
+@triton.jit
+def mix32(x):
+    """lowbias32 on uint32 (formats.rounding.mix32)."""
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def uniform(start, off, k0, k1):
+    """float32 uniform in [0, 1) of flat element index start + off (formats.rounding.uniform)."""
+    lo, hi = flat_index(start, off)
+    h = mix32(lo ^ k0.to(tl.uint32, bitcast=True))
+    h = mix32(h ^ hi ^ k1.to(tl.uint32, bitcast=True))
+    return (h >> 8).to(tl.float32) * 5.9604644775390625e-08  # 2**-24
+
+
+def stream_key_i32(r: rounding.Rounding) -> tuple[int, int]:
+    """The rounding's (k0, k1) as signed int32 values, so Triton types them i32 on every version."""
+    return tuple(k - (1 << 32) if k >= 1 << 31 else k for k in rounding.stream_key(r.seed, r.name))  # type: ignore[return-value]
+
+
+def interpreted() -> bool:
+    """True when Triton runs these kernels in its CPU interpreter (TRITON_INTERPRET=1 at import)."""
+    return isinstance(pow2, InterpretedFunction)
+
+
+def hw_e4m3(device: torch.device, requested: bool | None = None) -> bool:
+    """Whether kernels on ``device`` round to E4M3 with the hardware cast: where it is exact
+    (compiled, NVIDIA sm_90+) unless ``requested`` is False; True where it is not exact raises."""
+    exact = not interpreted() and device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (9, 0)
+    if requested and not exact:
+        raise ValueError(f"the hardware E4M3 cast is not exact RNE on {device} here (needs compiled Triton on NVIDIA sm_90+)")
+    return exact if requested is None else requested
+
+
+def available(device: torch.device) -> Availability:
+    """Compiled kernels: CUDA only, eligible for auto.  Interpreted: any device, explicit only."""
+    if interpreted():
+        return Availability(True, auto=False, reason="Triton interpreter: only when asked for explicitly")
+    if device.type == "cuda":
+        return Availability(True)
+    return Availability(False, reason=f"compiled Triton kernels need a CUDA device, got {device.type}")
+
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_input(x: torch.Tensor, what: str) -> None:
+    """Layout rules every launcher asserts: a contiguous float tensor."""
+    assert x.is_contiguous(), f"{what}: the Triton kernel needs a contiguous tensor, got strides {x.stride()}"
+    assert x.dtype in FLOAT_DTYPES, f"{what}: the Triton kernel reads {FLOAT_DTYPES}, got {x.dtype}"

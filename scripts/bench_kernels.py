@@ -1,0 +1,159 @@
+#!/usr/bin/env python
+"""Kernel benchmarks: one run builds, checks and times every kernel family against its baselines.
+
+    python scripts/bench_kernels.py --out OUT [--append [docs/benchmarks.md]] [--families gemm]
+        [--sweep off|quick|full] [--shapes deepseek ...] [--ms 1 16 ...] [--budget-s 400] [--device cuda|cpu]
+
+On a CUDA device every row is checked against the torch reference of its op, then timed three ways:
+
+* eager: ``triton.testing.do_bench`` median, L2 flushed (256 MB memset) before every call.  A
+  host launch slower than the flush kernel shows up here (the GPU waits for the launch);
+* graph: the call captured in a CUDA graph, each call preceded by the same L2 flush, replayed;
+  the flush-only graph's time is subtracted.  Decode serving runs in CUDA graphs, so this is the
+  figure for small M;
+* host: Python wall time per call of the launch alone (the GPU queue never fills).
+
+GEMM runs a main pass (every shape and M with the baselines, the op's config tables, ``by-shape``
+and the MXFP8 paths), then ``--sweep quick`` (default) times candidate configs on representative
+shapes with the time left in ``--budget-s`` (graph timing only) and prints the best per M as
+config-table rows to paste.  Without CUDA (``--device cpu``, a smoke test of this script): the
+Triton interpreter on shapes scaled down 32x, wall-clock timing, no cuBLAS, no graphs.
+
+Writes, as it goes, OUT/bench.log, OUT/results.jsonl (one row per timing) and after each pass
+OUT/results.md (the section appended to docs/benchmarks.md with ``--append``), then prints a
+short summary last.  Families are functions registered in :data:`FAMILIES`; they share the
+timing, checking and report helpers here.  Shapes and goals are data at the top of each family.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_gemm  # noqa: E402  (the GEMM family)
+from bench_common import CPU_PEAKS, PEAKS, Bench  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+Checkpoint = Callable[[], object]  # writes OUT/results.md with the rows so far
+
+# name -> (run, full report lines for results.md, short table printed last)
+FAMILIES: dict[str, tuple[Callable[[Bench, argparse.Namespace, Checkpoint], None], Callable[[Bench], list[str]], Callable[[Bench], list[str]]]] = {
+    "gemm": (bench_gemm.bench_gemm, bench_gemm.gemm_report, bench_gemm.gemm_short),
+}
+
+
+# ---- driver -----------------------------------------------------------------------------------
+
+
+def environment(torch, device) -> tuple[str, tuple[float, float, float], dict[str, str]]:
+    import triton
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__, "cuda": str(torch.version.cuda)}
+    if device.type != "cuda":
+        return "cpu (Triton interpreter)", CPU_PEAKS, versions
+    name = torch.cuda.get_device_name(device)
+    props = torch.cuda.get_device_properties(device)
+    versions["sms"] = str(props.multi_processor_count)
+    try:
+        versions["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError) as err:
+        versions["driver"] = f"unknown ({type(err).__name__})"
+    peaks = next((p for key, p in PEAKS.items() if key in name), None)
+    if peaks is None:
+        raise SystemExit(f"no peak figures for {name!r}: add it to PEAKS in {__file__}")
+    return name, peaks, versions
+
+
+TIMING_NOTE = (
+    "Times: **eager** = median of triton.testing.do_bench (L2 flushed by a 256 MB memset before each call; a host "
+    "launch slower than that memset shows up as GPU idle time); **graph** = the call captured in a CUDA graph, each "
+    "call preceded by the same flush, replayed, minus a flush-only graph (decode serving runs in CUDA graphs: small-M "
+    "goals are judged on it); **host** = Python time per call of the launch alone. TFLOPS, GB/s and roofline use the "
+    "graph time where there is one. Roofline share = max(FLOPs/peak, bytes/HBM) / measured time."
+)
+
+
+def write_report(b: Bench, versions: dict[str, str], families: list[str], args: argparse.Namespace, final: bool) -> list[str]:
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    head = [
+        f"## Kernel benchmarks, {stamp}",
+        "",
+        f"Device: {b.gpu}; peaks used: FP8 {b.peaks[0]:g} / BF16 {b.peaks[1]:g} dense TFLOPS, HBM {b.peaks[2]:g} GB/s. "
+        + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        f"Command: `python scripts/bench_kernels.py {' '.join(sys.argv[1:])}`.",
+        "",
+        TIMING_NOTE,
+        "",
+        *[f"- {n}" for n in b.notes],
+        "",
+    ]
+    body: list[str] = []
+    for fam in families:
+        body += [f"### {fam}", "", *FAMILIES[fam][1](b), ""]
+    errors = [r for r in b.rows if r.check.startswith(("error", "FAIL")) or "graph error" in r.note]
+    tail = [f"Checks failed or errors: {len(errors)}"] + [f"- {r.case} M={r.m} {r.backend}: {r.check} {r.note}" for r in errors[:40]]
+    tail += [f"Skipped: {', '.join(b.skipped)}"] if b.skipped else []
+    text = head + body + tail + [""]
+    (b.out / "results.md").write_text("\n".join(text))
+    if final and args.append:
+        path = Path(args.append)
+        if not path.exists():
+            path.write_text("# Benchmarks\n\nMeasured figures, newest last; each section is one run of a scripts/bench_*.py.\n\n")
+        with open(path, "a") as f:
+            f.write("\n".join(text) + "\n")
+    return body + tail
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="directory for bench.log, results.jsonl, results.md")
+    p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu = interpreter smoke run of this script")
+    p.add_argument("--shapes", nargs="*", help="substrings of 'model projection' to keep, e.g. deepseek")
+    p.add_argument("--ms", nargs="*", type=int, help="M values (default: 1 16 64 128 1024 4096 8192)")
+    p.add_argument("--sweep", choices=("off", "quick", "full"), default="quick",
+                   help="after the main pass, time candidate configs: quick = 4 representative shapes, 6 M values; full = all")  # fmt: skip
+    p.add_argument("--warmup-ms", type=int, default=10)
+    p.add_argument("--rep-ms", type=int, default=30)
+    p.add_argument("--budget-s", type=float, default=400.0, help="stop starting new cases after this many seconds")
+    p.add_argument("--append", nargs="?", const=str(ROOT / "docs" / "benchmarks.md"), default=None,
+                   help="append OUT/results.md to this markdown file (default docs/benchmarks.md); never in a cpu run")  # fmt: skip
+    args = p.parse_args()
+    if args.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # before quantkit.kernels imports triton
+        args.append = None  # smoke-run figures never go into the docs
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device; use --device cpu for the interpreter smoke run")
+    device = torch.device(args.device)
+    torch.set_float32_matmul_precision("highest")  # the references are true float32 matmuls, never TF32
+    args.out.mkdir(parents=True, exist_ok=True)
+    gpu, peaks, versions = environment(torch, device)
+    b = Bench(torch, device, gpu, peaks, args.out, args.warmup_ms, args.rep_ms, time.monotonic() + args.budget_s)
+    b.log(f"bench_kernels: {gpu} {versions} families={args.families} sweep={args.sweep} budget={args.budget_s:.0f} s")
+    t0 = time.monotonic()
+    for fam in args.families:
+        FAMILIES[fam][0](b, args, lambda: write_report(b, versions, args.families, args, final=False))
+    summary = write_report(b, versions, args.families, args, final=True)
+    b.log(f"\n==== summary ({time.monotonic() - t0:.0f} s; full table in {args.out / 'results.md'}) ====")
+    for line in summary:
+        if not line.startswith("|"):
+            b.log(line)
+    for fam in args.families:
+        b.log(f"\n{fam}:")
+        for line in FAMILIES[fam][2](b):
+            b.log(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+#!/usr/bin/env python
+"""Fused MoE benchmark: checks the Triton ``fused_moe`` against its torch reference on the GPU,
+then times it against a per-expert loop of torch bf16 matmuls, on GPT-OSS-120B and DeepSeek-V3
+expert shapes, FP8-block and MXFP8 experts.
+
+    python scripts/bench_moe.py --out OUT [--models gpt-oss-120b deepseek-v3] [--formats fp8-block mxfp8]
+        [--budget-s 270] [--sweep | --no-sweep] [--append [docs/benchmarks.md]] [--device cuda|cpu]
+
+Timing, logging and the result rows are scripts/bench_kernels.py's (``Bench``: do_bench median
+with L2 flushed before every call, so the experts come from HBM as in decode).  Per (model,
+format): random E4M3 experts with random scales (the kernel's speed does not depend on the
+values), router logits routed by the model's rule; then
+
+* check: fused_moe vs the reference (per-expert loop on the formats/ dequantizers, same GPU) at
+  T = 1, 128, 8192 (elementwise 2**-7 |ref| + 1e-2 max|ref|, relative L2 <= 1e-2);
+* time: fused_moe eager; for decode (T <= 128) also replayed from a CUDA graph (how decode
+  runs); the baseline loop.  Decode reports GB/s over the bytes of the experts actually hit (their
+  weights, scales, biases + activations) and its share of HBM bandwidth; prefill TFLOPS and the
+  share of dense FP8 peak; both the speed-up over the baseline;
+* sweep (GPT-OSS FP8-block, while budget remains): other tile configs at T = 1, 128, 8192.
+
+``--device cpu`` is a smoke test of this script: Triton's interpreter on tiny shapes.
+Writes OUT/bench.log, OUT/results.jsonl, OUT/results.md and prints a short table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_common import Bench, Row, fmt, pct  # noqa: E402  (shared timers: eager, CUDA graph with L2 flush; rows; log)
+from bench_kernels import environment  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    e: int
+    h: int
+    inter: int
+    top_k: int
+    rule: str
+    activation: str  # gpt-oss: interleaved gate_up + biases; silu: [gate | up], no biases
+    route_kw: tuple = ()
+
+
+MODELS = {
+    "gpt-oss-120b": Model("gpt-oss-120b", 128, 2880, 2880, 4, "topk_softmax", "gpt-oss"),
+    "deepseek-v3": Model("deepseek-v3", 256, 7168, 2048, 8, "grouped_sigmoid", "silu",
+                         (("norm_topk_prob", True), ("n_group", 8), ("topk_group", 4), ("scaling", 2.5))),  # fmt: skip
+}
+CPU_MODELS = {  # interpreter smoke run: same rules and layouts, tiny dims (K = 160: masked tail)
+    "gpt-oss-120b": Model("gpt-oss-120b", 8, 160, 96, 4, "topk_softmax", "gpt-oss"),
+    "deepseek-v3": Model("deepseek-v3", 16, 256, 128, 8, "grouped_sigmoid", "silu", MODELS["deepseek-v3"].route_kw),
+}
+DECODE_T, PREFILL_T, CHECK_T = (1, 4, 16, 64, 128), (8192,), (1, 128, 8192)
+CPU_T, CPU_CHECK_T = (1, 9), (1, 9)
+GOALS = {"decode_hbm": 0.60, "prefill_fp8_peak": 0.50, "vs_loop": 3.0}
+SWEEP = ((1, ((16, 32, 32, 4, 4), (16, 64, 64, 4, 3), (16, 32, 64, 4, 5))),
+         (128, ((16, 32, 32, 4, 4), (16, 64, 64, 4, 4), (32, 64, 64, 4, 4))),
+         (8192, ((128, 64, 128, 8, 3), (128, 128, 128, 8, 3), (64, 64, 128, 4, 3), (64, 128, 128, 4, 4))))  # fmt: skip
+
+
+def build_experts(torch, qfmt: str, e: int, n: int, k: int, bias: bool, dev):
+    """Random E4M3 [E, N, K] (|w| ~ 0.02 after scaling) + scales (+ bf16 bias), and bf16 [E, N, K] dequantized."""
+    from quantkit.kernels.fused_moe_ref import ExpertWeights
+
+    q = torch.empty((e, n, k), dtype=torch.float8_e4m3fn, device=dev)
+    for i in range(e):  # one expert at a time: bounded temporaries
+        q[i] = (torch.randn(n, k, device=dev) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    if qfmt == "fp8-block":
+        s = (torch.rand(e, -(-n // 128), -(-k // 128), device=dev) + 0.5) * (0.02 / 64)
+    else:
+        s = torch.randint(127 - 13, 127 - 11, (e, n, k // 32), dtype=torch.uint8, device=dev)
+    b = (torch.randn(e, n, device=dev) * 0.1).to(torch.bfloat16) if bias else None
+    w = ExpertWeights(qfmt, q, s, b)
+    dense = torch.empty((e, n, k), dtype=torch.bfloat16, device=dev)
+    for i in range(e):
+        dense[i] = w.dequant(i).to(torch.bfloat16)
+    return w, dense
+
+
+def loop_baseline(torch, x, wts, ids, d13, d2, b13, b2, spec):
+    """Per-expert loop of bf16 matmuls (transformers-style; host sync per expert)."""
+    from quantkit.kernels.fused_moe_ref import activation
+
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    inter = d2.shape[2]
+    for e in torch.unique(ids).tolist():
+        rows, slot = torch.where(ids == e)
+        gu = x[rows] @ d13[e].T + (0 if b13 is None else b13[e])
+        g, u = (gu[:, 0::2], gu[:, 1::2]) if spec.interleaved else (gu[:, :inter], gu[:, inter:])
+        y = activation(g, u, spec) @ d2[e].T + (0 if b2 is None else b2[e])
+        out.index_add_(0, rows, y.float() * wts[rows, slot, None])
+    return out.to(x.dtype)
+
+
+def moe_check(torch, ref):
+    def check(out) -> str:
+        o, r = out.float(), ref.float()
+        excess = (o - r).abs() - 2.0**-7 * r.abs() - 1e-2 * r.abs().max()
+        rel = float((o - r).norm() / r.norm().clamp(min=1e-30))
+        i = int(excess.argmax())
+        if float(excess.flatten()[i]) > 0 or not rel <= 1e-2:
+            t, c = divmod(i, r.shape[1])
+            return f"FAIL at [{t},{c}] got {float(o[t, c]):.5g} want {float(r[t, c]):.5g} (rel {rel:.2e})"
+        return f"ok {rel:.1e}"
+
+    return check
+
+
+def hit_bytes(torch, ids, w13, w2) -> float:
+    per = sum(w.q[0].numel() + w.scale[0].numel() * w.scale.element_size() + (0 if w.bias is None else w.bias[0].numel() * 2) for w in (w13, w2))
+    return float(torch.unique(ids).numel() * per)
+
+
+def bench_model(b: Bench, m: Model, qfmt: str, ts: tuple, check_ts: tuple, sweep: bool):
+    """Check and time one (model, format); returns the config sweep to run later (or None)."""
+    torch = b.torch
+    from quantkit.kernels.fused_moe import MoeConfig, fused_moe
+    from quantkit.kernels.fused_moe_ref import MoeSpec, fused_moe_ref
+    from quantkit.kernels.moe_routing import route
+
+    dev, gpt = b.device, m.activation == "gpt-oss"
+    spec = MoeSpec(m.activation, interleaved=gpt)
+    w13, d13 = build_experts(torch, qfmt, m.e, 2 * m.inter, m.h, gpt, dev)
+    w2, d2 = build_experts(torch, qfmt, m.e, m.h, m.inter, gpt, dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    corr = torch.randn(m.e, device=dev, generator=gen) * 0.1 if m.rule == "grouped_sigmoid" else None
+    refs: dict[int, object] = {}
+    for t in ts:
+        if b.out_of_time():
+            b.skipped.append(f"{m.name} {qfmt} T={t}")
+            continue
+        x = torch.randn(t, m.h, device=dev, generator=gen).to(torch.bfloat16)
+        wts, ids = route(torch.randn(t, m.e, device=dev, generator=gen), m.rule, m.top_k, correction_bias=corr, **dict(m.route_kw))
+        case, mnk = f"{m.name} {qfmt}", (t, m.h, m.inter)
+        flops = 2.0 * t * m.top_k * 3 * m.h * m.inter
+        nbytes = hit_bytes(torch, ids, w13, w2) + 4.0 * t * m.h
+        run = lambda cfg=None: fused_moe(x, wts, ids, w13, w2, spec, config=cfg)  # noqa: E731
+        ref = fused_moe_ref(x, wts, ids, w13, w2, spec) if t in check_ts else None
+        check = moe_check(torch, ref) if ref is not None else None
+        b.measure("moe", case, mnk, "triton", run, flops, nbytes, b.peaks[0], check, note=f"{int(torch.unique(ids).numel())} experts hit")
+        b.measure("moe", case, mnk, "torch-bf16-loop", lambda: loop_baseline(torch, x, wts, ids, d13, d2, w13.bias, w2.bias, spec),
+                  flops, 2.0 * nbytes, b.peaks[1], None, graph=False)  # fmt: skip  (host-synchronising: no graph)
+        if ref is not None:
+            refs[t] = (x, wts, ids, ref)
+    if not (sweep and b.cuda):
+        return None
+
+    def run_sweep() -> None:
+        for t, cfgs in SWEEP:
+            for c in cfgs:
+                if t not in refs or b.out_of_time():
+                    continue
+                x, wts, ids, ref = refs[t]
+                cfg = MoeConfig(*c, upcast=qfmt == "mxfp8" and c[0] >= 64)
+                flops = 2.0 * t * m.top_k * 3 * m.h * m.inter
+                nbytes = hit_bytes(torch, ids, w13, w2) + 4.0 * t * m.h
+                b.measure("moe-sweep", f"{m.name} {qfmt}", (t, m.h, m.inter), cfg.name(),
+                          lambda: fused_moe(x, wts, ids, w13, w2, spec, config=cfg), flops, nbytes, b.peaks[0], moe_check(torch, ref))  # fmt: skip
+
+    return run_sweep
+
+
+# ---- report -------------------------------------------------------------------------------------
+
+
+def _moe_rows(b: Bench) -> dict[tuple, dict[str, Row]]:
+    by: dict[tuple, dict[str, Row]] = {}
+    for r in b.rows:
+        if r.family == "moe":
+            by.setdefault((r.case, r.m), {})[r.backend] = r
+    return by
+
+
+def table(b: Bench) -> list[str]:
+    """One line per (model, format, T); rates use the CUDA-graph time where there is one."""
+    lines = ["| case | T | eager ms | graph ms | GB/s (hit) | % HBM | TFLOPS | % FP8 | bf16 loop ms | speed-up | check |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (case, t), rs in _moe_rows(b).items():
+        f, base = rs.get("triton"), rs.get("torch-bf16-loop")
+        if f is None:
+            continue
+        up = base.t / f.t if f.t and base and base.t else None
+        lines.append(f"| {case} | {t} | {fmt(f.ms)} | {fmt(f.graph_ms)} | {fmt(f.gbs, 0)} | {pct(f.gbs and f.gbs / b.peaks[2])} | "
+                     f"{fmt(f.tflops, 0)} | {pct(f.tflops and f.tflops / b.peaks[0])} | {fmt(base and base.t, 3)} | {fmt(up, 1)}x | {f.check} |")  # fmt: skip
+    return lines
+
+
+def goals(b: Bench) -> list[str]:
+    out = []
+    for (case, t), rs in sorted(_moe_rows(b).items()):
+        f, base = rs.get("triton"), rs.get("torch-bf16-loop")
+        if f is None or not f.t:
+            continue
+        decode = t <= max(DECODE_T)
+        share, goal = (f.gbs / b.peaks[2], GOALS["decode_hbm"]) if decode else (f.tflops / b.peaks[0], GOALS["prefill_fp8_peak"])
+        up = base.t / f.t if base and base.t else None
+        ok = share >= goal and up is not None and up >= GOALS["vs_loop"] and f.check.startswith("ok")
+        out.append(f"- {case} T={t} {'decode' if decode else 'prefill'}: {share:.0%} of {'HBM' if decode else 'FP8 peak'} (goal {goal:.0%}), "
+                   f"{fmt(up, 1)}x the loop (goal {GOALS['vs_loop']:g}x), check {f.check.split(' ')[0]}: {'met' if ok else 'NOT met'}")  # fmt: skip
+    return out
+
+
+def sweep_lines(b: Bench) -> list[str]:
+    rows = [r for r in b.rows if r.family == "moe-sweep"]
+    return [f"- {r.case} T={r.m} {r.backend}: eager {fmt(r.ms)} graph {fmt(r.graph_ms)} ms, {fmt(r.gbs, 0)} GB/s, {fmt(r.tflops, 0)} TFLOPS, {r.check}" for r in rows]
+
+
+def write_report(b: Bench, versions: dict, args: argparse.Namespace) -> list[str]:
+    import datetime
+
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    body = table(b) + ["", "Goals:", *goals(b)]
+    body += ["", "Config sweep:", *sweep_lines(b)] if any(r.family == "moe-sweep" for r in b.rows) else []
+    body += [f"Skipped (budget): {', '.join(b.skipped)}"] if b.skipped else []
+    head = [f"## Fused MoE, {stamp}", "", f"Device: {b.gpu}; peaks: FP8 {b.peaks[0]:g} TFLOPS, HBM {b.peaks[2]:g} GB/s; "
+            + ", ".join(f"{k} {v}" for k, v in versions.items()), f"Command: `python scripts/bench_moe.py {' '.join(sys.argv[1:])}`. "
+            "Decode GB/s count the bytes of the experts actually hit; graph = CUDA-graph replay; speed-up = bf16 loop / best fused.", ""]  # fmt: skip
+    (b.out / "results.md").write_text("\n".join(head + body) + "\n")
+    if args.append:
+        with open(args.append, "a") as f:
+            f.write("\n".join(head + body) + "\n\n")
+    return body
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--formats", nargs="+", default=["fp8-block", "mxfp8"], choices=["fp8-block", "mxfp8"])
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu = interpreter smoke run of this script")
+    p.add_argument("--budget-s", type=float, default=240.0, help="start no new case after this many seconds")
+    p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True, help="time other tile configs at the end (GPT-OSS FP8-block)")
+    p.add_argument("--warmup-ms", type=int, default=10)
+    p.add_argument("--rep-ms", type=int, default=40)
+    p.add_argument("--append", nargs="?", const=str(ROOT / "docs" / "benchmarks.md"), default=None)
+    args = p.parse_args()
+    if args.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # before quantkit.kernels imports triton
+        args.append = None
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device; use --device cpu for the interpreter smoke run")
+    device = torch.device(args.device)
+    torch.set_float32_matmul_precision("highest")  # the reference is a true float32 matmul
+    args.out.mkdir(parents=True, exist_ok=True)
+    gpu, peaks, versions = environment(torch, device)
+    b = Bench(torch, device, gpu, peaks, args.out, args.warmup_ms, args.rep_ms, time.monotonic() + args.budget_s)
+    b.log(f"bench_moe: {gpu} {versions} models={args.models} formats={args.formats}")
+    models, ts, check_ts = (MODELS, DECODE_T + PREFILL_T, CHECK_T) if b.cuda else (CPU_MODELS, CPU_T, CPU_CHECK_T)
+    t0, sweeps = time.monotonic(), []
+    for name in args.models:
+        for fmt in args.formats:
+            sweeps.append(bench_model(b, models[name], fmt, ts, check_ts, args.sweep and name == "gpt-oss-120b" and fmt == "fp8-block"))
+    for s in sweeps:
+        if s is not None:
+            s()
+    body = write_report(b, versions, args)
+    b.log(f"\n==== fused MoE ({time.monotonic() - t0:.0f} s; full report {args.out / 'results.md'}) ====")
+    for line in body:
+        b.log(line)
+
+
+if __name__ == "__main__":
+    main()

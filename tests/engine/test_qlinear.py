@@ -1,0 +1,122 @@
+"""Quantized linear numerics: each packed format computes what its serving kernel computes.
+
+fp8-block is checked against DeepSeek's fp8_gemm semantics written out independently here (per
+128-wide K block: E4M3 products summed in f32, times the activation's and the weight tile's
+scales), and against dequant(act_quant(x)) @ dequant(W).T in f32; mxfp8 against its 1x32 blocks
+the same way; mxfp4 against a hand-decoded E2M1 table.  Shapes are awkward on purpose: M = 1,
+K and N not multiples of 128 (partial tiles).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantkit.engine.qlinear import ActQuant, Dense, Fp8Block, Linear, Mxfp4, Mxfp8, linear
+from quantkit.formats import fp8_block, mxfp4, mxfp8
+
+FP8 = ActQuant("fp8-block")
+FP8_UE8M0 = ActQuant("fp8-block", "ue8m0")
+MX = ActQuant("mxfp8")
+
+
+def _data(gen: torch.Generator, m: int, n: int = 200, k: int = 320) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(m, k, generator=gen) * torch.linspace(0.1, 4, k)  # channels of different ranges
+    return x, torch.randn(n, k, generator=gen) * 0.05
+
+
+def _deepseek_fp8_gemm(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, scale_fmt: str) -> torch.Tensor:
+    """DeepSeek inference/kernel.py fp8_gemm, in torch: acc += (qx_kb @ qw_kb^T) * sx_kb * sw_tile."""
+    k = x.shape[1]
+    acc = torch.zeros(x.shape[0], q.shape[0])
+    for kb in range(0, k, 128):
+        xs = x[:, kb : kb + 128]
+        amax = xs.abs().amax(-1, keepdim=True).clamp(min=1e-4)
+        sx = amax / 448 if scale_fmt == "float" else 2.0 ** torch.ceil(torch.log2(amax / 448))
+        qx = (xs / sx).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+        sw = s[:, kb // 128].repeat_interleave(128)[: q.shape[0]]
+        acc += (qx @ q[:, kb : kb + 128].float().T) * sx * sw
+    return acc
+
+
+@pytest.mark.parametrize("m", [1, 7])
+@pytest.mark.parametrize("act", [FP8, FP8_UE8M0], ids=["float", "ue8m0"])
+def test_fp8_block_matches_deepseek_gemm(gen: torch.Generator, m: int, act: ActQuant) -> None:
+    x, w = _data(gen, m)
+    q, s = fp8_block.quantize_weight(w, act.scale_fmt)
+    y = linear(x, Fp8Block(q, s, act))
+    ref = _deepseek_fp8_gemm(x, q, s, act.scale_fmt)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    spec = fp8_block.dequantize_act(*fp8_block.quantize_act(x, act.scale_fmt)) @ fp8_block.dequantize_weight(q, s).T
+    torch.testing.assert_close(y, spec, rtol=1e-6, atol=1e-6)
+    assert (y - x @ fp8_block.dequantize_weight(q, s).T).abs().max() > 0  # activations really were quantized
+
+
+def test_mxfp8_quantizes_activations_per_32(gen: torch.Generator) -> None:
+    x, w = _data(gen, 5, n=96, k=224)
+    q, s = mxfp8.quantize(w)
+    y = linear(x, Mxfp8(q, s, MX))
+    per_block = torch.zeros(5, 96)
+    for kb in range(0, 224, 32):  # one E8M0 scale per 32 inputs on each side
+        qx, sx = mxfp8.quantize(x[:, kb : kb + 32])
+        xd = mxfp8.dequantize(qx, sx)
+        per_block += xd @ mxfp8.dequantize(q[:, kb : kb + 32], s[:, kb // 32 : kb // 32 + 1]).T
+    torch.testing.assert_close(y, per_block, rtol=1e-5, atol=1e-5)
+    assert (y - linear(x, Mxfp8(q, s, None))).abs().max() > 0
+
+
+def test_mxfp4_decodes_e2m1_table_low_nibble_first() -> None:
+    # one output row, 32 inputs: byte 0x21 = (low 1 -> +0.5, high 2 -> +1.0); 0xF9 = (low 9 -> -0.5, high 15 -> -6)
+    blocks = torch.zeros(1, 1, 16, dtype=torch.uint8)
+    blocks[0, 0, 0], blocks[0, 0, 1] = 0x21, 0xF9
+    scales = torch.tensor([[128]], dtype=torch.uint8)  # 2**1
+    x = torch.zeros(2, 32)
+    x[0, :4] = torch.tensor([1.0, 10.0, 100.0, 1000.0])
+    x[1, 3] = 1.0
+    y = linear(x, Mxfp4(blocks, scales))
+    assert y[:, 0].tolist() == [2 * (0.5 + 10 * 1.0 - 100 * 0.5 - 1000 * 6.0), 2 * -6.0]
+
+
+def test_dense_bias_and_dtype(gen: torch.Generator) -> None:
+    x, w = _data(gen, 3)
+    b = torch.randn(200, generator=gen).bfloat16()
+    lin = Linear(Dense(w.bfloat16()), b)
+    ref = torch.nn.functional.linear(x, w.bfloat16().float(), b.float())
+    torch.testing.assert_close(lin(x), ref, rtol=1e-6, atol=1e-6)
+    assert lin(x.bfloat16()).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("fmt", ["dense", "fp8-block", "mxfp8", "mxfp4"])
+def test_stacked_experts_select_their_slice(gen: torch.Generator, fmt: str) -> None:
+    x, w = _data(gen, 4, n=64, k=128)
+    ws = torch.stack([w, -2 * w, w.flip(0)])
+    make = {
+        "dense": lambda t: Dense(t),
+        "fp8-block": lambda t: Fp8Block(*fp8_block.quantize_weight(t), FP8),
+        "mxfp8": lambda t: Mxfp8(*mxfp8.quantize(t), MX),
+        "mxfp4": lambda t: Mxfp4(*mxfp4.encode(t)),
+    }[fmt]
+    stacked = make(ws)
+    assert stacked.num_experts == 3 and stacked.shape == (64, 128)
+    for e in range(3):
+        torch.testing.assert_close(linear(x, stacked, expert=e), linear(x, make(ws[e])), rtol=0, atol=0)
+
+
+def test_rejected_layouts(gen: torch.Generator) -> None:
+    x, w = _data(gen, 2, n=64, k=96)
+    q, s = fp8_block.quantize_weight(w)
+    with pytest.raises(ValueError, match="needs F8_E4M3 and scales"):
+        Fp8Block(q, s[:, :0], FP8)
+    with pytest.raises(ValueError, match="K % 32"):
+        Mxfp8(q[:, :80], torch.zeros(64, 2, dtype=torch.uint8), MX)
+    with pytest.raises(ValueError, match="not U8"):
+        Mxfp4(torch.zeros(64, 3, 15, dtype=torch.uint8), torch.zeros(64, 3, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="input has 95 features"):
+        linear(x[:, :95], Fp8Block(q, s, FP8))
+
+
+def test_dispatcher_records_backends(gen: torch.Generator) -> None:
+    x, w = _data(gen, 2)
+    weight = Fp8Block(*fp8_block.quantize_weight(w), FP8)
+    linear(x, weight)
+    assert weight.ops.ran == {"act_quant_fp8_block": "torch", "fp8_block_dequant": "torch"}

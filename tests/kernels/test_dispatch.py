@@ -1,0 +1,150 @@
+"""The dispatch point: op registry, backend choice by device and availability, explicit requests
+that fail loudly, and a record of which backend ran."""
+
+from __future__ import annotations
+
+import inspect
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import quantkit.kernels as kernels
+from quantkit.formats import fp8_block, mxfp4, mxfp8
+from quantkit.kernels import dispatch, reference, triton_numerics
+from quantkit.kernels.dispatch import Availability, BackendUnavailable, Dispatcher, Registry
+
+CONVERSION_OPS = ("mxfp4_decode", "fp8_block_quantize_weight", "mxfp8_quantize", "act_quant_fp8_block", "act_quant_mxfp8")
+
+
+def test_every_op_has_its_formats_reference_as_torch_backend():
+    assert reference.OPS["mxfp4_decode"] is mxfp4.decode
+    assert reference.OPS["fp8_block_quantize_weight"] is fp8_block.quantize_weight
+    assert reference.OPS["act_quant_fp8_block"] is fp8_block.quantize_act
+    assert reference.OPS["mxfp8_quantize"] is reference.OPS["act_quant_mxfp8"] is mxfp8.quantize
+    for op, fn in reference.OPS.items():
+        assert dispatch.REGISTRY.table(op)[dispatch.REFERENCE].fn is fn
+
+
+@pytest.mark.parametrize("op", CONVERSION_OPS)
+def test_triton_backend_registered_with_the_reference_signature(op):
+    """A backend is a drop-in: same positional parameters and defaults as the reference;
+    launch tuning only as extra keyword-only parameters."""
+    assert dispatch.backends(op)[0] == "triton"  # highest priority
+    ref = inspect.signature(dispatch.REGISTRY.table(op)["torch"].fn).parameters
+    tri = inspect.signature(dispatch.REGISTRY.table(op)["triton"].fn).parameters
+    head = [p for p in tri.values() if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    assert [(p.name, p.default) for p in head] == [(p.name, p.default) for p in ref.values()]
+
+
+@pytest.mark.parametrize("op", CONVERSION_OPS)
+def test_auto_on_cpu_runs_the_reference(op):
+    assert dispatch.which(op, "cpu") == "torch"
+    assert dispatch.which(op, "cpu", backend="torch") == "torch"
+
+
+def test_auto_call_on_cpu_matches_reference_and_dispatcher_records_it():
+    x = torch.randn(3, 64)
+    d = Dispatcher()
+    q, s = d.call("mxfp8_quantize", x)
+    rq, rs = mxfp8.quantize(x)
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s, rs)
+    assert d.last_backend("mxfp8_quantize") == "torch"
+    with pytest.raises(KeyError, match="has not run"):
+        d.last_backend("mxfp4_decode")
+
+
+def test_triton_on_cpu_only_when_interpreted_and_asked_for(triton_device):
+    """auto never picks the interpreter; an explicit request runs it (interpreted CPU run)."""
+    a = triton_numerics.available(torch.device("cpu"))
+    if triton_device.type == "cuda":  # compiled Triton: CPU is not a target
+        assert not a.ok and "CUDA" in a.reason
+        with pytest.raises(BackendUnavailable, match="cannot run on cpu"):
+            dispatch.which("mxfp8_quantize", "cpu", backend="triton")
+    else:
+        assert a.ok and not a.auto
+        assert dispatch.which("mxfp8_quantize", "cpu", backend="triton") == "triton"
+        d = Dispatcher(per_op={"mxfp8_quantize": "triton"})
+        d.call("mxfp8_quantize", torch.ones(1, 32))
+        assert d.last_backend("mxfp8_quantize") == "triton"
+
+
+def test_unknown_op_and_unknown_backend_fail_loudly():
+    with pytest.raises(KeyError, match="unknown op 'nope'"):
+        dispatch.which("nope", "cpu")
+    with pytest.raises(BackendUnavailable, match="'no-such' unavailable: not registered.*registered: triton, torch"):
+        dispatch.which("mxfp4_decode", "cpu", backend="no-such")
+
+
+def _private_registry() -> Registry:
+    reg = Registry()
+    dispatch.register("op", "torch", lambda x: ("torch", x), registry=reg)
+    return reg
+
+
+def test_registry_rules():
+    reg = _private_registry()
+    with pytest.raises(ValueError, match="registered twice"):
+        dispatch.register("op", "torch", lambda x: x, registry=reg)
+    with pytest.raises(ValueError, match="register its 'torch' reference before"):
+        dispatch.register("other", "fast", lambda x: x, registry=reg)
+    with pytest.raises(ValueError, match="not a backend name"):
+        dispatch.register("op", "auto", lambda x: x, registry=reg)
+
+
+def test_auto_picks_the_highest_priority_backend_available_on_the_device():
+    reg = _private_registry()
+    cuda_only = lambda d: Availability(d.type == "cuda", reason="needs CUDA")  # noqa: E731
+    explicit_only = lambda d: Availability(True, auto=False, reason="explicit only")  # noqa: E731
+    dispatch.register("op", "fast", lambda x: ("fast", x), available=cuda_only, priority=10, registry=reg)
+    dispatch.register("op", "faster", lambda x: ("faster", x), available=explicit_only, priority=20, registry=reg)
+    assert reg.resolve("op", "cpu").name == "torch"
+    assert reg.resolve("op", "cuda").name == "fast"
+    assert reg.resolve("op", "cpu", "faster").name == "faster"
+    with pytest.raises(BackendUnavailable, match="'fast' cannot run on cpu: needs CUDA"):
+        reg.resolve("op", "cpu", "fast")
+    d = Dispatcher(registry=reg)
+    assert d.call("op", torch.zeros(1))[0] == "torch" and d.last_backend("op") == "torch"
+    assert d.call("op", torch.zeros(1), backend="faster")[0] == "faster" and d.last_backend("op") == "faster"
+    assert d.which("op", "cuda") == "fast"
+
+
+def test_missing_backend_reason_is_reported():
+    reg = _private_registry()
+    dispatch.register_missing("triton", "triton is not importable (No module named 'triton')", registry=reg)
+    with pytest.raises(BackendUnavailable, match="No module named 'triton'"):
+        reg.resolve("op", "cpu", "triton")
+
+
+def test_call_needs_a_tensor_argument():
+    with pytest.raises(TypeError, match="no tensor argument"):
+        dispatch.call("mxfp4_decode", None, None)
+
+
+def test_kernels_package_reads_no_environment_variables():
+    """Environment variables are read at the edge only (Triton reads TRITON_INTERPRET itself)."""
+    root = pathlib.Path(kernels.__file__).parent
+    for path in root.glob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"os\.environ|getenv|os\.putenv", text), f"{path.name} reads the environment"
+
+
+def test_without_triton_the_reference_runs_and_triton_requests_say_why():
+    """A machine without triton: import works, auto runs torch, backend="triton" names the import error."""
+    code = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch\n"
+        "from quantkit.kernels import dispatch\n"
+        "q, s = dispatch.call('mxfp8_quantize', torch.ones(2, 32))\n"
+        "assert dispatch.which('mxfp8_quantize', 'cpu') == 'torch'\n"
+        "try:\n"
+        "    dispatch.which('mxfp8_quantize', 'cpu', backend='triton')\n"
+        "except dispatch.BackendUnavailable as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "triton is not importable" in out.stdout

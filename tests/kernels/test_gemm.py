@@ -1,0 +1,339 @@
+"""Triton block-scaled GEMMs (FP8-block, MXFP8 emulated, MXFP8 with 128x128 weights) against
+the torch references of quantkit/kernels/scaled_mm.py, which dequantize with quantkit.formats.
+
+CPU: Triton's interpreter (conftest.py), tiny awkward shapes: M = 1, K not a multiple of 128,
+N not a multiple of the tile, swap-AB, split-K, bias, TMA, persistent tiles; the small-M kernel
+with the tensor-core dot and the CUDA-core reduction.  Same fp8 inputs and float32 accumulation
+as the reference, so a float32 output agrees to summation order (rel 1e-5).  A bfloat16 output
+may differ by one bf16 ulp: the interpreter truncates float32 -> bfloat16 (the GPU rounds to
+nearest even), and a different summation order can flip a rounding on the GPU.
+
+GPU (-m gpu): the kernels compiled, on the shapes of the served models (K = 2880, N = 2112).
+The fp8 tensor core accumulates each 32..128-long dot with ~14 mantissa bits (DeepSeek-V3
+report) before the float32 promotion, as DeepGEMM and cuBLAS do, so the GPU tolerance is 1e-3
+of |ref| + 1e-3 of max|ref| (plus one bf16 ulp for bf16 outputs); indexing or scale bugs give
+errors of order 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from quantkit.formats import exact, fp8_block, mxfp8
+from quantkit.kernels import dispatch
+from quantkit.kernels.gemm_block_scaled import WORKSPACE, Config, Workspace, auto_split, split_plan
+from quantkit.kernels.gemm_fp8_block import FP8_BLOCK_CONFIGS, pick_config
+from quantkit.kernels.gemm_mxfp8 import MXFP8_CONFIGS, W128_CONFIGS, mx_to_bf16, requant_weight_128
+from quantkit.kernels.gemm_skinny import SkinnyConfig, block_m_for, skinny_split
+from quantkit.kernels.scaled_mm import gemm_fp8_block_ref, gemm_mxfp8_ref, gemm_mxfp8_w128_ref
+
+HAS_CUDA = torch.cuda.is_available()
+BF16_ULP = 2.0**-7  # spacing of bfloat16 relative to the value, at worst
+
+
+def assert_gemm_close(out: torch.Tensor, ref: torch.Tensor, what: str, rel: float) -> None:
+    """|out - ref| <= rel * |ref| + rel * max|ref| (+ one bf16 ulp for bf16 outputs); names the worst element."""
+    o, r = out.float().cpu(), ref.float().cpu()
+    assert o.shape == r.shape, f"{what}: shape {tuple(o.shape)}, want {tuple(r.shape)}"
+    ulp = BF16_ULP if out.dtype == torch.bfloat16 else 0.0
+    scale = r.abs().max().clamp(min=1e-30)
+    excess = (o - r).abs() - (rel + ulp) * r.abs() - rel * scale
+    i = int(excess.argmax())
+    row, col = divmod(i, r.shape[-1]) if r.dim() == 2 else (i, 0)
+    assert excess.flatten()[i] <= 0, f"{what}: worst element [{row}, {col}] got {o.flatten()[i].item()!r}, want {r.flatten()[i].item()!r} (max|ref| {scale.item():.4g})"
+    norm_rel = ((o - r).norm() / r.norm().clamp(min=1e-30)).item()
+    assert norm_rel <= rel + ulp / 2, f"{what}: relative error {norm_rel:.3g} over the whole output"
+
+
+def fp8_block_case(m: int, n: int, k: int, gen: torch.Generator, bias: bool, device) -> tuple:
+    x = torch.randn(m, k, generator=gen) * torch.logspace(-1, 1, k)  # channel magnitudes 0.1 .. 10
+    w = torch.randn(n, k, generator=gen) * 0.02
+    a, sa = fp8_block.quantize_act(x)
+    q, sw = fp8_block.quantize_weight(w)
+    b = torch.randn(n, generator=gen).to(torch.bfloat16) if bias else None
+    return tuple(t.to(device) if t is not None else None for t in (a, sa, q, sw, b))
+
+
+def mx_case(m: int, n: int, k: int, gen: torch.Generator, bias: bool, device, pow2_weight: bool = False) -> tuple:
+    x = torch.randn(m, k, generator=gen) * torch.logspace(-2, 2, k)
+    w = torch.randn(n, k, generator=gen) * 0.02
+    a, sa = mxfp8.quantize(x)
+    q, sw = exact.fp8_block_pow2_to_mxfp8(*fp8_block.quantize_weight(w, "ue8m0")) if pow2_weight else mxfp8.quantize(w)
+    b = torch.randn(n, generator=gen).to(torch.bfloat16) if bias else None
+    return tuple(t.to(device) if t is not None else None for t in (a, sa, q, sw, b))
+
+
+def triton_call(op: str, *args, **kw):
+    return dispatch.call(op, *args, backend="triton", **kw)
+
+
+# (m, n, k, config): M = 1, K % 128 != 0, N not a multiple of the tile, swap-AB, split-K, wide tiles
+FP8_CASES = [
+    (3, 80, 200, Config(16, 32)),
+    (1, 150, 130, Config(16, 64, swap_ab=True)),
+    (5, 200, 300, Config(16, 64, swap_ab=True, split_k=3)),
+    (33, 136, 256, Config(32, 256, split_k=2, num_warps=8)),
+    (1, 96, 640, Config(16, 32, split_k=0)),  # auto split on the interpreter's 8 "SMs"
+    (9, 200, 304, Config(16, 64, tma=True)),  # TMA descriptors: zero-filled K tail and rows
+    (5, 136, 304, Config(16, 64, swap_ab=True, split_k=2, tma=True)),
+    (40, 136, 304, Config(16, 64, tma=True, persistent=1)),  # 3 x 3 tiles on 8 programs: some loop twice
+    (1, 200, 300, SkinnyConfig()),  # small-M kernel, tensor core, masked K tail, partial weight tile
+    (3, 96, 640, SkinnyConfig(block_n=32)),  # auto split-K: 3 x 2 K-blocks
+    (20, 136, 384, SkinnyConfig(block_m=16, split_k=3)),  # two token tiles, split-K
+    (1, 150, 130, SkinnyConfig(dot=False, chunk=64)),  # CUDA-core reduction, M = 1
+    (3, 72, 400, SkinnyConfig(block_n=32, block_m=2, dot=False, chunk=32, split_k=2)),
+]
+
+
+@pytest.mark.parametrize("m,n,k,cfg", FP8_CASES, ids=[c[3].name() for c in FP8_CASES])
+def test_fp8_block_gemm_matches_reference(triton_device, gen, m, n, k, cfg):
+    a, sa, q, sw, b = fp8_block_case(m, n, k, gen, True, triton_device)
+    ref = gemm_fp8_block_ref(a.cpu(), sa.cpu(), q.cpu(), sw.cpu(), b.cpu(), torch.float32)
+    out32 = triton_call("gemm_fp8_block", a, sa, q, sw, b, torch.float32, config=cfg)
+    assert_gemm_close(out32, ref, f"fp8-block {m}x{n}x{k} {cfg.name()} f32", 1e-5)
+    out16 = triton_call("gemm_fp8_block", a, sa, q, sw, b, torch.bfloat16, config=cfg)
+    assert out16.dtype == torch.bfloat16
+    assert_gemm_close(out16, ref, f"fp8-block {m}x{n}x{k} {cfg.name()} bf16", 1e-5)
+
+
+def test_fp8_block_gemm_leading_dims_and_no_bias(triton_device, gen):
+    a, sa, q, sw, _ = fp8_block_case(6, 64, 256, gen, False, triton_device)
+    a3, sa3 = a.reshape(2, 3, 256), sa.reshape(2, 3, 2)
+    out = triton_call("gemm_fp8_block", a3, sa3, q, sw, None, torch.float32)  # default config table
+    assert out.shape == (2, 3, 64)
+    assert_gemm_close(out.reshape(6, 64), gemm_fp8_block_ref(a.cpu(), sa.cpu(), q.cpu(), sw.cpu(), None, torch.float32), "fp8-block [2, 3, K]", 1e-5)
+
+
+MX_CASES = [
+    (3, 80, 224, Config(16, 32)),
+    (3, 80, 224, Config(16, 32, upcast=True)),
+    (5, 200, 288, Config(16, 64, swap_ab=True, split_k=3)),
+    (1, 200, 288, Config(16, 64, swap_ab=True, split_k=2, upcast=True)),
+    (33, 130, 256, Config(32, 256, split_k=2, num_warps=8)),
+    (3, 80, 224, Config(16, 32, tma=True)),
+    (2, 72, 224, Config(16, 64, swap_ab=True, upcast=True, tma=True)),
+    (1, 200, 288, SkinnyConfig()),  # small-M kernel: per-32 promotion of both per-row scales
+    (5, 96, 640, SkinnyConfig(block_n=32, split_k=2)),
+    (2, 72, 224, SkinnyConfig(dot=False, chunk=32)),
+]
+
+
+@pytest.mark.parametrize("m,n,k,cfg", MX_CASES, ids=[c[3].name() for c in MX_CASES])
+def test_mxfp8_gemm_matches_reference(triton_device, gen, m, n, k, cfg):
+    a, sa, q, sw, b = mx_case(m, n, k, gen, True, triton_device)
+    ref = gemm_mxfp8_ref(a.cpu(), sa.cpu(), q.cpu(), sw.cpu(), b.cpu(), torch.float32)
+    out = triton_call("gemm_mxfp8", a, sa, q, sw, b, torch.float32, config=cfg)
+    assert_gemm_close(out, ref, f"mxfp8 {m}x{n}x{k} {cfg.name()}", 1e-5)
+
+
+@pytest.mark.parametrize("cfg", [Config(16, 64, swap_ab=True, split_k=2), Config(16, 32, upcast=True), SkinnyConfig(block_n=64)], ids=lambda c: c.name())
+def test_mxfp8_w128_path_computes_the_mx_function(triton_device, gen, cfg):
+    a, sa, q, sw, b = mx_case(3, 200, 288, gen, True, triton_device, pow2_weight=True)
+    q128, s128 = requant_weight_128(q, sw)
+    ref = gemm_mxfp8_ref(a.cpu(), sa.cpu(), q.cpu(), sw.cpu(), b.cpu(), torch.float32)
+    assert torch.equal(gemm_mxfp8_w128_ref(a.cpu(), sa.cpu(), q128.cpu(), s128.cpu(), b.cpu(), torch.float32), ref)
+    out = triton_call("gemm_mxfp8_w128", a, sa, q128, s128, b, torch.float32, config=cfg)
+    assert_gemm_close(out, ref, f"mxfp8 w128 {cfg.name()}", 1e-5)
+
+
+def test_requant_weight_128_is_exact_inverse_of_pow2_block_to_mx(gen):
+    w = torch.randn(200, 288, generator=gen) * torch.logspace(-3, 1, 288)
+    qb, sb = fp8_block.quantize_weight(w, "ue8m0")
+    q128, s128 = requant_weight_128(*exact.fp8_block_pow2_to_mxfp8(qb, sb))
+    assert torch.equal(q128.view(torch.uint8), qb.view(torch.uint8))
+    assert torch.equal(s128, sb)
+
+
+def test_requant_weight_128_rejects_inexact_tiles(gen):
+    q, s = mxfp8.quantize(torch.randn(130, 256, generator=gen) * torch.logspace(-2, 0, 256))
+    with pytest.raises(ValueError, match=r"not exact: tile \(0, [01]\) element"):
+        requant_weight_128(q, s)
+    s_nan = mxfp8.quantize(torch.ones(4, 64))[1]
+    s_nan[0, 1] = 0xFF
+    with pytest.raises(ValueError, match="not exact"):
+        requant_weight_128(torch.ones(4, 64).to(torch.float8_e4m3fn), s_nan)
+    with pytest.raises(ValueError, match="K % 32"):
+        requant_weight_128(torch.ones(4, 48).to(torch.float8_e4m3fn), torch.zeros(4, 1, dtype=torch.uint8))
+
+
+def test_mxfp8_gemm_rejects_k_not_multiple_of_32(triton_device):
+    a = torch.zeros(2, 48, dtype=torch.float8_e4m3fn, device=triton_device)
+    s = torch.zeros(2, 2, dtype=torch.uint8, device=triton_device)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        triton_call("gemm_mxfp8", a, s, a, s)
+
+
+def test_launcher_asserts_layouts(triton_device, gen):
+    a, sa, q, sw, _ = fp8_block_case(2, 64, 256, gen, False, triton_device)
+    with pytest.raises(AssertionError, match="scale grid"):
+        triton_call("gemm_fp8_block", a, sa, q, sw[:, :1].contiguous())
+    with pytest.raises(AssertionError, match="E4M3"):
+        triton_call("gemm_fp8_block", a.float(), sa, q, sw)
+    with pytest.raises(AssertionError, match="contiguous dim"):
+        triton_call("gemm_fp8_block", a, sa, q.t().contiguous().t(), sw)
+    with pytest.raises(AssertionError, match="power-of-two"):  # float 1x128 scales are not
+        triton_call("gemm_fp8_block", a, sa, q, sw, config=Config(16, 32, upcast=True))
+    a, sa, q, sw, _ = fp8_block_case(2, 64, 200, gen, False, triton_device)
+    with pytest.raises(AssertionError, match="16-byte aligned"):  # K = 200 bytes per row
+        triton_call("gemm_fp8_block", a, sa, q, sw, config=Config(16, 32, tma=True))
+    with pytest.raises(AssertionError, match="persistent programs need TMA"):
+        triton_call("gemm_fp8_block", a, sa, q, sw, config=Config(16, 32, persistent=1))
+    with pytest.raises(AssertionError, match="BLOCK_N must divide"):  # 128-row scale tiles
+        triton_call("gemm_fp8_block", a, sa, q, sw, config=SkinnyConfig(block_n=256))
+    with pytest.raises(AssertionError, match="BLOCK_M >= 16"):
+        triton_call("gemm_fp8_block", a, sa, q, sw, config=SkinnyConfig(block_m=8))
+
+
+def test_table_uses_tma_only_on_aligned_rows():
+    from quantkit.kernels.gemm_block_scaled import Side
+    from quantkit.kernels.gemm_fp8_block import table_config
+
+    def sides(k: int) -> tuple[Side, Side]:
+        a = torch.zeros(2048, k, dtype=torch.float8_e4m3fn)
+        w = torch.zeros(256, k, dtype=torch.float8_e4m3fn)
+        return Side(a, torch.ones(2048, -(-k // 128)), 1, 128), Side(w, torch.ones(2, -(-k // 128)), 128, 128)
+
+    assert table_config(FP8_BLOCK_CONFIGS, *sides(2880)).tma  # 2880 bytes per row: 16-byte aligned
+    assert not table_config(FP8_BLOCK_CONFIGS, *sides(200)).tma
+
+
+def test_mx_to_bf16_is_the_exact_dequantization(triton_device, gen):
+    x = torch.randn(5, 96, generator=gen) * torch.logspace(-20, 20, 96)  # scales far from 1 both ways
+    q, s = mxfp8.quantize(x)
+    want = mxfp8.dequantize(q, s)  # float32, exact
+    got = mx_to_bf16(q.to(triton_device), s.to(triton_device)).cpu()
+    assert got.dtype == torch.bfloat16 and torch.equal(got.float(), want), "bf16 dequantization must be exact"
+
+
+def test_mxfp8_dequant_bf16_path(triton_device, gen):
+    a, sa, q, sw, b = mx_case(3, 80, 224, gen, True, triton_device)
+    ref = gemm_mxfp8_ref(a.cpu(), sa.cpu(), q.cpu(), sw.cpu(), b.cpu(), torch.float32)
+    for backend in ("dequant-bf16", "by-shape"):  # by-shape runs Triton at M = 3
+        out = dispatch.call("gemm_mxfp8", a, sa, q, sw, b, torch.float32, backend=backend)
+        assert_gemm_close(out, ref, f"mxfp8 {backend}", 1e-5)
+    assert dispatch.which("gemm_mxfp8", "cuda" if HAS_CUDA else "cpu") != "by-shape", "MX by-shape is explicit only"
+
+
+def test_split_k_is_deterministic_and_leaves_counters_at_zero(triton_device, gen):
+    a, sa, q, sw, b = fp8_block_case(3, 96, 640, gen, True, triton_device)
+    ws = Workspace()
+    cfg = SkinnyConfig(block_n=32, split_k=5)
+    first = triton_call("gemm_fp8_block", a, sa, q, sw, b, torch.float32, config=cfg, workspace=ws)
+    counters = ws.counters(1, triton_device)
+    assert counters.numel() >= 3 and not counters.any(), "every tile's counter is reset by its last program"
+    again = triton_call("gemm_fp8_block", a, sa, q, sw, b, torch.float32, config=cfg, workspace=ws)
+    assert torch.equal(first, again), "split-K sums in split order: bit-identical results"
+    tiled = triton_call("gemm_fp8_block", a, sa, q, sw, b, torch.float32, config=Config(16, 32, split_k=3), workspace=ws)
+    assert not ws.counters(1, triton_device).any()
+    assert_gemm_close(tiled, first, "tiled split-K vs small-M split-K", 1e-5)
+
+
+def test_workspace_grows_keeps_old_buffers_and_caches_the_sm_count():
+    ws = Workspace()
+    small = ws.partials(10, torch.device("cpu"))
+    assert ws.partials(5, torch.device("cpu")) is small, "a cached buffer is reused, not reallocated"
+    big = ws.partials(11, torch.device("cpu"))
+    assert big.numel() == 20 and big is not small, "growth at least doubles"
+    assert any(t is small for t in ws._retired), "a replaced buffer stays alive for graphs that captured it"
+    assert ws.counters(4, torch.device("cpu")).dtype == torch.int32 and not ws.counters(4, torch.device("cpu")).any()
+    assert ws.sm_count(torch.device("cpu")) == 8
+    assert isinstance(WORKSPACE, Workspace)
+
+
+def test_config_tables_and_split_rules():
+    for table in (FP8_BLOCK_CONFIGS, MXFP8_CONFIGS, W128_CONFIGS):
+        assert isinstance(pick_config(table, 1), SkinnyConfig) and isinstance(pick_config(table, 64), SkinnyConfig)
+        assert isinstance(pick_config(table, 65), Config) and pick_config(table, 8192).block_n == 128
+        assert pick_config(table, 2**31) is table[-1][1]
+    assert pick_config(FP8_BLOCK_CONFIGS, 8192).tma
+    with pytest.raises(ValueError, match="no GEMM configuration"):
+        pick_config(FP8_BLOCK_CONFIGS, 2**31 + 1)
+    assert auto_split(tiles=45, n_kb=23, sms=132) == 6  # (2880, 2880) at M=1: 45 weight tiles of 64 rows
+    assert auto_split(tiles=512, n_kb=4, sms=132) == 1  # (32768, 512): enough tiles already
+    assert auto_split(tiles=10, n_kb=3, sms=132) == 1  # too little K to split
+    assert split_plan(6, 23) == (6, 4) and split_plan(8, 9) == (5, 2), "no empty split"
+    cfg = SkinnyConfig(block_n=64, waves=4)
+    assert block_m_for(1, cfg) == 16 and block_m_for(17, cfg) == 32 and block_m_for(3, SkinnyConfig(dot=False)) == 4
+    assert block_m_for(1000, cfg) == 128, "auto token tiles stop at 128"
+    # (7168, 16384) at M=1: 112 tiles, 4 waves on 132 SMs -> 5 splits of 26 K-blocks
+    assert skinny_split(cfg, tiles=112, k=16384, block_m=16, sms=132) == (5, 26)
+    # (24576, 1536) at M=64: 384 tiles -> 2 splits of 6 K-blocks
+    assert skinny_split(cfg, tiles=384, k=1536, block_m=64, sms=132) == (2, 6)
+    # (2880, 512) at M=64: 12 splits wanted, but the partial sums would outweigh the weight -> none
+    assert skinny_split(cfg, tiles=45, k=512, block_m=64, sms=132) == (1, 4)
+    # (2880, 2880) at M=1: 45 tiles -> 12 splits wanted, capped at 11 (2 K-blocks each) -> 8 x 3 blocks
+    assert skinny_split(cfg, tiles=45, k=2880, block_m=16, sms=132) == (8, 3)
+
+
+# ---- GPU: compiled kernels on the served models' awkward shapes --------------------------------
+
+GPU_SHAPES = [(1, 2112, 2880), (16, 2112, 2880), (64, 2880, 2880), (200, 2112, 7168), (1024, 2112, 2880), (1100, 2112, 7168)]
+
+
+def gpu_configs(m: int) -> list:
+    """The launch variants the benchmark sweeps, each checked on this shape."""
+    bm = 0 if m <= 128 else 64  # larger M: several token tiles
+    cfgs = [SkinnyConfig(block_m=bm), SkinnyConfig(block_n=128, block_m=bm, num_warps=8), Config(16, 64, swap_ab=True, split_k=4),
+            Config(64, 128, num_stages=4), Config(128, 128, num_warps=8, num_stages=4), Config(64, 128, split_k=0)]  # fmt: skip
+    cfgs += [replace(c, tma=True) for c in cfgs if isinstance(c, Config)] + [Config(64, 128, tma=True, persistent=2)]
+    if m <= 16:
+        cfgs += [SkinnyConfig(dot=False, chunk=32, block_n=32), SkinnyConfig(dot=False, chunk=64, block_m=1 if m == 1 else 0)]
+    return cfgs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("m,n,k", GPU_SHAPES)
+def test_gpu_fp8_block_gemm(gen, m, n, k):
+    a, sa, q, sw, b = fp8_block_case(m, n, k, gen, True, "cuda")
+    ref = gemm_fp8_block_ref(a, sa, q, sw, b, torch.float32)
+    assert_gemm_close(triton_call("gemm_fp8_block", a, sa, q, sw, b, torch.float32), ref, f"fp8-block {m}x{n}x{k} f32", 1e-3)
+    assert_gemm_close(triton_call("gemm_fp8_block", a, sa, q, sw, b), ref, f"fp8-block {m}x{n}x{k} bf16", 1e-3)
+    for cfg in gpu_configs(m):
+        assert_gemm_close(triton_call("gemm_fp8_block", a, sa, q, sw, b, config=cfg), ref, f"fp8-block {m}x{n}x{k} {cfg.name()}", 1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("m,n,k", GPU_SHAPES)
+def test_gpu_mxfp8_gemm(gen, m, n, k):
+    a, sa, q, sw, b = mx_case(m, n, k, gen, True, "cuda")  # general MX weight: emulation only
+    ref = gemm_mxfp8_ref(a, sa, q, sw, b, torch.float32)
+    _, _, qp, swp, _ = mx_case(1, n, k, gen, False, "cuda", pow2_weight=True)  # 128x128-exact weight
+    ref_p = gemm_mxfp8_ref(a, sa, qp, swp, b, torch.float32)
+    q128, s128 = requant_weight_128(qp, swp)
+    for up in (False, True):
+        cfg = Config(64, 128, upcast=up, tma=m > 64) if m > 64 else Config(16, 64, swap_ab=True, split_k=0, upcast=up)
+        assert_gemm_close(triton_call("gemm_mxfp8", a, sa, q, sw, b, config=cfg), ref, f"mxfp8 {m}x{n}x{k} {cfg.name()}", 1e-3)
+        assert_gemm_close(triton_call("gemm_mxfp8_w128", a, sa, q128, s128, b, config=cfg), ref_p, f"mxfp8 w128 {m}x{n}x{k} {cfg.name()}", 1e-3)
+    assert_gemm_close(triton_call("gemm_mxfp8", a, sa, q, sw, b), ref, f"mxfp8 {m}x{n}x{k} table", 1e-3)
+    assert_gemm_close(triton_call("gemm_mxfp8_w128", a, sa, q128, s128, b), ref_p, f"mxfp8 w128 {m}x{n}x{k} table", 1e-3)
+    for backend in ("dequant-bf16", "by-shape"):
+        out = dispatch.call("gemm_mxfp8", a, sa, q, sw, b, backend=backend)
+        assert_gemm_close(out, ref, f"mxfp8 {backend} {m}x{n}x{k}", 1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("m,cfg", [(4, SkinnyConfig(split_k=4)), (64, SkinnyConfig()), (300, Config(64, 128, split_k=3)), (1100, Config(64, 128, tma=True))])
+def test_gpu_cuda_graph_replays_match_eager(gen, m, cfg):
+    """Captured once, replayed on new inputs: the same bits as eager launches, counters back at zero."""
+    n, k = 2112, 2880
+    a, sa, q, sw, b = fp8_block_case(m, n, k, gen, True, "cuda")
+    ws = Workspace()
+    call = lambda: triton_call("gemm_fp8_block", a, sa, q, sw, b, config=cfg, workspace=ws)  # noqa: E731
+    call()  # warm-up: compiles, sizes the workspace
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    for _ in range(2):
+        a2, sa2, _, _, _ = fp8_block_case(m, n, k, gen, False, "cuda")
+        a.copy_(a2), sa.copy_(sa2)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, call()), f"graph replay differs from eager ({cfg.name()})"
+        assert not ws.counters(1, a.device).any()

@@ -1,0 +1,165 @@
+"""Triton kernels against the quantkit.formats reference, bit for bit, on tiny awkward shapes.
+
+They run compiled on CUDA when a device is present, else in Triton's CPU interpreter
+(conftest.py sets TRITON_INTERPRET=1).  The interpreter's own float8 cast is not exact -- it
+rounds ties away from zero, drops the carry of a mantissa overflow into an odd exponent field
+(1.9375 -> 1.0 where RNE gives 2.0, likewise -1.9375) and truncates results below 2**-6, with
+either sign -- and its float32 -> bfloat16 cast mishandles float32 subnormals.  The kernels use
+neither there (E4M3 and bfloat16 bytes are assembled from exact integer/float32 arithmetic, see
+quantkit/kernels/triton_numerics.py; only compiled sm_90+ runs use the hardware E4M3 cast), so
+the interpreter runs are compared bit for bit too, including every E4M3 tie and power-of-two
+boundary (``scale_one_rows``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantkit.formats import fp8_block, mxfp4, mxfp8
+from quantkit.formats.rounding import Rounding
+from quantkit.kernels import dispatch, group_quant
+
+from .kernel_cases import assert_same, scale_one_rows, special_groups, wide_randn
+
+# the interpreter computes in numpy, which warns where the reference overflows to inf or makes NaN too
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+]
+
+RULES = ("floor", "rceil")
+ROUNDINGS = (Rounding(), Rounding("stochastic", seed=7, name="layers.0.w", offset=3))
+FAR = Rounding("stochastic", seed=1, name="e", offset=2**32 - 600)  # flat indices cross 2**32 mid-tensor
+
+
+def triton(op: str, *args, **kw):
+    return dispatch.call(op, *args, backend="triton", **kw)
+
+
+def check_pair(ref: tuple[torch.Tensor, ...], out: tuple[torch.Tensor, ...], what: str, x: torch.Tensor) -> None:
+    assert_same(ref[1], out[1], f"{what} scales")
+    assert_same(ref[0], out[0], f"{what} elements", x)
+
+
+# ---- MXFP4 decode ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_mxfp4_decode_every_byte_and_scale(triton_device, dtype):
+    blocks = torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(1, 16, 16).repeat(256, 1, 1)  # [out=256, G=16, 16]
+    scales = torch.arange(256, dtype=torch.int32).to(torch.uint8)[:, None].repeat(1, 16)  # row r: scale byte r
+    ref = mxfp4.decode(blocks, scales, dtype)
+    out = triton("mxfp4_decode", blocks.to(triton_device), scales.to(triton_device), dtype)
+    assert_same(ref, out, f"mxfp4 decode {dtype}")
+
+
+def test_mxfp4_decode_stacked_experts(triton_device, gen):
+    blocks = torch.randint(0, 256, (3, 5, 2, 16), dtype=torch.uint8, generator=gen)  # [E, out, G, 16]
+    scales = torch.randint(110, 135, (3, 5, 2), dtype=torch.uint8, generator=gen)
+    out = triton("mxfp4_decode", blocks.to(triton_device), scales.to(triton_device), torch.bfloat16)
+    assert out.shape == (3, 5, 64)
+    assert_same(mxfp4.decode(blocks, scales, torch.bfloat16), out, "mxfp4 decode [E, out, G, 16]")
+
+
+def test_mxfp4_decode_rejects_mismatched_scales(triton_device):
+    blocks = torch.zeros(4, 2, 16, dtype=torch.uint8, device=triton_device)
+    with pytest.raises(ValueError, match="do not match"):
+        triton("mxfp4_decode", blocks, torch.zeros(4, 3, dtype=torch.uint8, device=triton_device))
+
+
+# ---- FP8 128x128 block weights ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale_fmt", fp8_block.SCALE_FMTS)
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("rounding", ROUNDINGS, ids=lambda r: r.mode)
+@pytest.mark.parametrize("shape", [(1, 1), (130, 200), (2, 3, 129, 70)])
+def test_fp8_block_weight(triton_device, gen, scale_fmt, rule, rounding, shape):
+    w = wide_randn(shape, gen).to(torch.bfloat16)
+    ref = fp8_block.quantize_weight(w, scale_fmt, rule, rounding)
+    out = triton("fp8_block_quantize_weight", w.to(triton_device), scale_fmt, rule, rounding)
+    check_pair(ref, out, f"fp8-block {shape} {scale_fmt}/{rule}/{rounding.mode}", w)
+
+
+@pytest.mark.parametrize("scale_fmt", fp8_block.SCALE_FMTS)
+@pytest.mark.parametrize("rounding", (ROUNDINGS[0], FAR), ids=lambda r: r.mode)
+def test_fp8_block_weight_edges_and_specials(triton_device, scale_fmt, rounding):
+    """32x32 tiles (the kernel's smallest) holding every E4M3 tie and every special scale case."""
+    edges = scale_one_rows(32)  # float32 [R, 128]: every 32x32 tile has amax 448
+    specials = special_groups(32).repeat_interleave(32, dim=0)[:500]  # [500, 32]: one case per tile, last partial
+    for x in (edges, specials):
+        for rule in RULES:
+            ref = fp8_block.quantize_weight(x, scale_fmt, rule, rounding, block=32)
+            out = triton("fp8_block_quantize_weight", x.to(triton_device), scale_fmt, rule, rounding, 32)
+            check_pair(ref, out, f"fp8-block {tuple(x.shape)} {scale_fmt}/{rule}/{rounding.mode}", x)
+
+
+def test_fp8_block_weight_chunks_by_expert(triton_device, gen):
+    """Quantizing experts one by one with their flat offsets gives the whole tensor's bytes."""
+    w = wide_randn((3, 40, 130), gen)
+    r = Rounding("stochastic", seed=5, name="experts.w")
+    whole = triton("fp8_block_quantize_weight", w.to(triton_device), "float", "rceil", r)[0]
+    for e in range(3):
+        part = triton("fp8_block_quantize_weight", w[e].contiguous().to(triton_device), "float", "rceil", r.at(e * w[e].numel()))[0]
+        assert_same(whole[e], part, f"expert {e} quantized alone")
+
+
+# ---- MXFP8 (weights and 1x32 activations) ----------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["mxfp8_quantize", "act_quant_mxfp8"])
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("rounding", ROUNDINGS, ids=lambda r: r.mode)
+@pytest.mark.parametrize("shape", [(1, 32), (3, 5, 96), (7, 2880)])
+def test_mxfp8(triton_device, gen, op, rule, rounding, shape):
+    x = wide_randn(shape, gen).to(torch.bfloat16)
+    ref = mxfp8.quantize(x, rule, rounding)
+    out = triton(op, x.to(triton_device), rule, rounding)
+    check_pair(ref, out, f"{op} {shape} {rule}/{rounding.mode}", x)
+
+
+@pytest.mark.parametrize("rounding", (ROUNDINGS[0], FAR), ids=lambda r: r.mode)
+def test_mxfp8_edges_and_specials(triton_device, rounding):
+    x = torch.cat([scale_one_rows(32), special_groups(32).reshape(-1, 128)])  # float32 [R, 128]
+    for rule in RULES:
+        ref = mxfp8.quantize(x, rule, rounding)
+        out = triton("mxfp8_quantize", x.to(triton_device), rule, rounding)
+        check_pair(ref, out, f"mxfp8 specials {rule}/{rounding.mode}", x)
+
+
+def test_hardware_e4m3_cast_only_where_exact(triton_device):
+    x = torch.linspace(-500, 500, 64, device=triton_device).reshape(2, 32)
+    if triton_device.type == "cuda" and torch.cuda.get_device_capability() >= (9, 0):
+        assert_same(mxfp8.quantize(x.cpu())[0], group_quant.mxfp8_quantize(x, hw_cast=True)[0], "mxfp8 with the hardware cast")
+    else:
+        with pytest.raises(ValueError, match="not exact RNE"):
+            group_quant.mxfp8_quantize(x, hw_cast=True)
+
+
+def test_mxfp8_rejects_partial_block(triton_device):
+    with pytest.raises(ValueError, match="multiple of 32"):
+        triton("mxfp8_quantize", torch.zeros(2, 48, device=triton_device))
+
+
+# ---- per-128 activations (DeepSeek act_quant) ------------------------------------------------
+
+
+@pytest.mark.parametrize("scale_fmt", fp8_block.SCALE_FMTS)
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("shape", [(1, 128), (1, 200), (2, 3, 7168), (5, 2880)])
+def test_act_quant_fp8_block(triton_device, gen, scale_fmt, rule, shape):
+    x = wide_randn(shape, gen).to(torch.bfloat16)
+    ref = fp8_block.quantize_act(x, scale_fmt, rule)
+    out = triton("act_quant_fp8_block", x.to(triton_device), scale_fmt, rule)
+    check_pair(ref, out, f"act_quant {shape} {scale_fmt}/{rule}", x)
+
+
+@pytest.mark.parametrize("group", [128, 64])
+def test_act_quant_edges_and_specials(triton_device, group):
+    x = torch.cat([scale_one_rows(32), special_groups(32).reshape(-1, 128)])  # float32 [R, 128]
+    for scale_fmt in fp8_block.SCALE_FMTS:
+        for rule in RULES:
+            ref = fp8_block.quantize_act(x, scale_fmt, rule, group)
+            out = triton("act_quant_fp8_block", x.to(triton_device), scale_fmt, rule, group)
+            check_pair(ref, out, f"act_quant specials g{group} {scale_fmt}/{rule}", x)

@@ -1,0 +1,94 @@
+"""Every refusal of ``quantkit shard``: a clear message naming the tensor, option or file, and nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from quantkit.checkpoint import Checkpoint
+from quantkit.shard import Parallel, ShardError, build, shard
+from quantkit.shard.geometry import check_scale_shape, scale_blocks
+
+from .tiny import build as build_tiny
+from .tiny import write
+
+QWEN = {"architectures": ["Qwen3ForCausalLM"], "num_attention_heads": 2, "num_key_value_heads": 2}
+
+
+def _plan(tmp_path, tensors: dict, config: dict, ep: int = 2, tp: int = 2):
+    return build(Checkpoint(write(tmp_path / "src", tensors, config)), Parallel.make(ep, tp))
+
+
+def test_scale_without_weight(tmp_path):
+    t = {"model.layers.0.mlp.down_proj.weight_scale_inv": torch.ones(2, 2)}
+    with pytest.raises(ShardError, match="down_proj.weight_scale_inv: a block scale without its weight"):
+        _plan(tmp_path, t, QWEN)
+
+
+def test_scale_that_does_not_fit_its_weight(tmp_path):
+    t = {"model.layers.0.mlp.down_proj.weight": torch.zeros(256, 256, dtype=torch.float8_e4m3fn),
+         "model.layers.0.mlp.down_proj.weight_scale_inv": torch.ones(2, 3)}
+    with pytest.raises(ShardError, match=r"scale shape \[2, 3\] does not fit weight \[256, 256\] in 128x128 blocks \(expected \[2, 2\]\)"):
+        _plan(tmp_path, t, QWEN)
+
+
+def test_heads_missing_from_config(tmp_path):
+    t = {"model.layers.0.self_attn.k_proj.weight": torch.zeros(128, 64, dtype=torch.bfloat16)}
+    with pytest.raises(ShardError, match="num_key_value_heads is missing; model.layers.0.self_attn.k_proj.weight is split by heads"):
+        _plan(tmp_path, t, {"architectures": ["Qwen3ForCausalLM"]})
+
+
+def test_uneven_vocab(tmp_path):
+    t = {"model.embed_tokens.weight": torch.zeros(15, 8, dtype=torch.bfloat16)}
+    with pytest.raises(ShardError, match="model.embed_tokens.weight: output rows 15 / tp 2 is not a whole number"):
+        _plan(tmp_path, t, QWEN)
+
+
+def test_scale_dtype_and_mx_k():
+    with pytest.raises(ShardError, match="scale dtype I32 is neither"):
+        scale_blocks("I32", "x.weight_scale")
+    with pytest.raises(ShardError, match="K=48 is not a multiple of 32"):
+        check_scale_shape("x.weight_scale", (4, 1), (4, 48), (1, 32))
+
+
+def test_missing_experts(tmp_path):
+    src = build_tiny("deepseek-v3", "bf16", tmp_path / "src")
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps(cfg | {"n_routed_experts": 16}))
+    with pytest.raises(ShardError, match="layer 1 has only 8 of 16 experts"):
+        build(Checkpoint(src), Parallel.make(2))
+    del cfg["n_routed_experts"]
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ShardError, match="routed experts present but none of n_routed_experts is set"):
+        build(Checkpoint(src), Parallel.make(2))
+
+
+def test_original_layout_refused(tmp_path):
+    from quantkit.synth import synthesize
+
+    synthesize("gpt-oss", tmp_path / "src", preset="tiny", layers=1, layout="original")
+    with pytest.raises(ShardError, match="shard reads the HF root layout, not GPT-OSS's original/ folder"):
+        shard(tmp_path / "src", tmp_path / "out", ep=2)
+    assert not (tmp_path / "out").exists()
+
+
+def test_hard_link_failure_is_loud(tmp_path, monkeypatch):
+    import os
+
+    src = build_tiny("qwen3", "bf16", tmp_path / "src")
+
+    def no_links(a, b):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_links)
+    with pytest.raises(ShardError, match="cannot hard-link model-shared-00001-of-00001.safetensors.*--no-hardlinks"):
+        shard(src, tmp_path / "out", ep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+    shard(src, tmp_path / "out", ep=2, hardlinks=False, verify_output=True)
+
+
+def test_workers_must_be_positive(tmp_path):
+    with pytest.raises(ShardError, match="--workers must be at least 1"):
+        shard(build_tiny("qwen3", "bf16", tmp_path / "src"), tmp_path / "out", ep=2, workers=0)

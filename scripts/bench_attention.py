@@ -1,113 +1,56 @@
 #!/usr/bin/env python
 """Sink attention benchmark (GPT-OSS: 64 q / 8 kv heads, head_dim 64, sinks, window 128).
 
-    python scripts/bench_attention.py --out OUT [--budget-s 280] [--fi-backends auto] [--no-sweep]
-        [--append docs/benchmarks.md] [--device cuda|cpu]
+    python scripts/bench_attention.py --out OUT [--budget-s 240] [--fi-backends auto] [--no-sweep]
+        [--append [docs/benchmarks.md]] [--device cuda|cpu]
 
-On CUDA: every backend is first checked against the torch reference on the benchmark's own
-inputs (float32 reference on a slice of queries), then timed with ``triton.testing.do_bench``
-(median, L2 flushed before every call, so the KV cache comes from HBM):
+Timing, logging and result rows are scripts/bench_common.py's (``Bench``: do_bench median with L2
+flushed before every call, so the KV cache comes from HBM; decode also replayed from a CUDA graph,
+how decode is served).  Every backend is first checked against the float32 torch reference on the
+benchmark's own inputs (a slice of queries / two sequences; |err| <= 1e-2 + 1e-2 |ref|), then timed:
 
 * prefill, 8192 tokens in one sequence and a ragged batch of ~8k tokens, window 128 and full:
   Triton (ragged k/v, and the 16-token paged cache), FlashInfer's sink variant (ragged, and its
   ``BatchAttentionWithAttentionSinkWrapper`` on the paged cache), torch SDPA without sinks
   (flash for full causal, a boolean mask for the window; a per-sequence loop for ragged);
-  TFLOPS = 4 * Hq * D * (visible query-key pairs) / time, against 989 dense bf16 TFLOPS.
+  TFLOPS = 4 * Hq * D * (visible query-key pairs) / time, against the dense bf16 peak.
 * decode over the paged cache (16-token pages), batch 1..64 x context 1k..32k: Triton,
   FlashInfer (planned once, ``run`` timed), SDPA on a contiguous cache without sinks;
-  GB/s = K+V bytes the step must read / time, against HBM 4.8 TB/s.
-* then, with the time left, Triton launch configurations on the two 8192-token prefills and
-  two decode points (the defaults in quantkit/kernels/attention_triton{,_decode}.py come from here).
+  GB/s = K+V bytes the step must read / time, against HBM bandwidth (goal >= 60 %).
+* then, while the budget lasts, Triton launch configurations at two decode points and on the
+  8192-token prefills (the defaults in quantkit/kernels/attention_triton{,_decode}.py come from here).
 
 FlashInfer runs when ``import flashinfer`` works (its wheel on PYTHONPATH); its first use
 JIT-compiles one module per window setting (~40 s each).  ``--device cpu`` is a smoke test of
-this script: Triton's interpreter on tiny shapes, wall-clock timing.  Writes OUT/bench.log as it
-goes, OUT/results.jsonl (one row per timing), OUT/results.md; prints the short table last.
+this script: Triton's interpreter on tiny shapes.  Writes OUT/bench.log as it goes,
+OUT/results.jsonl (one row per timing), OUT/results.md; prints the short table last.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import datetime
 import os
-import platform
 import sys
 import time
-import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_common import Bench, Row, fmt, pct  # noqa: E402  (shared timers, rows, log)
+from bench_kernels import environment  # noqa: E402
+
 HQ, HKV, D, WINDOW, PAGE = 64, 8, 64, 128, 16
-PEAK_TFLOPS, HBM_GBS = 989.0, 4800.0  # H200 dense bf16, HBM3e
 PREFILL = {"single": [8192], "ragged": [3000, 2048, 1500, 1000, 500, 100, 33, 1]}
 DECODE_BATCH, DECODE_CTX = (1, 8, 32, 64), (1024, 4096, 16384, 32768)
 GOALS = {"prefill_vs_flashinfer": 1.3, "decode_hbm": 0.60}
 CPU_SHAPES = dict(hq=4, hkv=2, d=16, prefill={"single": [64], "ragged": [40, 17, 5]}, batch=(1, 3), ctx=(32, 80), window=8)
 
 
-@dataclass
-class Row:
-    section: str
-    case: str
-    backend: str
-    ms: float | None
-    tflops: float | None
-    gbs: float | None
-    peak_share: float | None  # of the bf16 peak (prefill) or of HBM bandwidth (decode)
-    check: str
-    note: str = ""
-
-
-@dataclass
-class Bench:
-    torch: object
-    dev: object
-    out: Path
-    deadline: float
-    rows: list[Row] = field(default_factory=list)
-
-    def log(self, msg: str) -> None:
-        print(msg, flush=True)
-        with open(self.out / "bench.log", "a") as f:
-            f.write(msg + "\n")
-
-    def left(self) -> float:
-        return self.deadline - time.monotonic()
-
-    def time_ms(self, fn: Callable[[], object]) -> float:
-        if self.dev.type == "cuda":
-            import triton.testing
-
-            return float(triton.testing.do_bench(fn, warmup=20, rep=80, return_mode="median"))
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-
-    def measure(self, section: str, case: str, backend: str, fn: Callable[[], object], flops: float, nbytes: float,
-                check: Callable[[object], str] | None, note: str = "") -> Row:
-        """Run once (compiles), check, time; an exception becomes an error row in the table and the log."""
-        try:
-            verdict = check(fn()) if check else "-"
-            ms = self.time_ms(fn)
-        except Exception as err:  # noqa: BLE001 -- reported in the table and the log, the run goes on
-            msg = f"error: {type(err).__name__}: {(str(err).splitlines() or [''])[0][:150]}"
-            self.log(f"  {case:<22} {backend:<18} {msg}")
-            with open(self.out / "bench.log", "a") as f:
-                f.write(traceback.format_exc() + "\n")
-            return self._add(Row(section, case, backend, None, None, None, None, msg, note))
-        s = ms * 1e-3
-        tf, gbs = flops / s / 1e12, nbytes / s / 1e9
-        share = tf / PEAK_TFLOPS if section == "prefill" else gbs / HBM_GBS
-        self.log(f"  {case:<22} {backend:<18} {ms:9.4f} ms {tf:7.1f} TFLOPS {gbs:7.0f} GB/s {share:6.1%}  {verdict}  {note}")
-        return self._add(Row(section, case, backend, ms, tf, gbs, share, verdict, note))
-
-    def _add(self, row: Row) -> Row:
-        self.rows.append(row)
-        with open(self.out / "results.jsonl", "a") as f:
-            f.write(json.dumps(asdict(row)) + "\n")
-        return row
+def left(b: Bench) -> float:
+    return b.deadline - time.monotonic()
 
 
 def closeness(ref, atol: float = 1e-2, rtol: float = 1e-2) -> Callable[[object], str]:
@@ -211,41 +154,43 @@ def sdpa_prefill(torch, q, k, v, lens, window, scale):
     return run
 
 
-def bench_prefill(bench: Bench, sh: Shapes, fi, fi_backends: list[str]) -> None:
-    torch = bench.torch
+def bench_prefill(b: Bench, sh: Shapes, fi, fi_backends: list[str]) -> None:
+    torch = b.torch
     from quantkit.kernels import attention_triton as tri
 
-    g, scale, bf16 = torch.Generator().manual_seed(0), sh.d**-0.5, torch.bfloat16
+    g, scale, bf16, peak = torch.Generator().manual_seed(0), sh.d**-0.5, torch.bfloat16, b.peaks[1]
     for name, lens in sh.prefill.items():
         t = sum(lens)
-        q, k, v = (torch.randn(t, h, sh.d, generator=g).to(bf16).to(bench.dev) for h in (sh.hq, sh.hkv, sh.hkv))
-        sinks = (torch.randn(sh.hq, generator=g) * 2).to(bench.dev)
-        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=bench.dev)
+        q, k, v = (torch.randn(t, h, sh.d, generator=g).to(bf16).to(b.device) for h in (sh.hq, sh.hkv, sh.hkv))
+        sinks = (torch.randn(sh.hq, generator=g) * 2).to(b.device)
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=b.device)
         kc, vc, bt = to_pages(torch, k, v, lens, g)
-        lens_t = torch.tensor(lens, dtype=torch.int32, device=bench.dev)
+        lens_t = torch.tensor(lens, dtype=torch.int32, device=b.device)
         for window in (None, sh.window):
             case = f"{name} {t} {'swa' + str(window) if window else 'full'}"
             want, rows = prefill_reference(torch, q, k, v, lens, sinks, window, scale)
             check = (lambda w, r: lambda out: closeness(w)(out[r]))(want, rows)
             flops = 4.0 * sh.hq * sh.d * pairs(lens, window)
-            mk = dict(flops=flops, nbytes=0.0, check=check)
-            bench.measure("prefill", case, "triton", lambda: tri.attention_prefill(q, k, v, cu, cu, scale, sinks, window, max_seqlen_q=max(lens)), **mk)
-            bench.measure("prefill", case, "triton paged16",
-                          lambda: tri.attention_prefill(q, kc, vc, cu, cu, scale, sinks, window, bt, PAGE, max(lens)), **mk)
+            mk = dict(flops=flops, nbytes=0.0, peak_tflops=peak, check=check, graph=False)
+            shape = (t, max(lens), sh.d)
+            b.measure("prefill", case, shape, "triton", lambda: tri.attention_prefill(q, k, v, cu, cu, scale, sinks, window, max_seqlen_q=max(lens)), **mk)
+            b.measure("prefill", case, shape, "triton paged16",
+                      lambda: tri.attention_prefill(q, kc, vc, cu, cu, scale, sinks, window, bt, PAGE, max(lens)), **mk)
             for fb in fi_backends if fi else ():
                 def ragged(fb=fb, window=window):
-                    a = fi.SinkAttention(bench.dev, bf16, sh.hq, sh.hkv, sh.d, scale=scale, window=window, backend=fb)
+                    a = fi.SinkAttention(b.device, bf16, sh.hq, sh.hkv, sh.d, scale=scale, window=window, backend=fb)
                     a.plan_ragged(cu, cu)
                     return lambda: a.run(q, k, v, sinks)
 
                 def paged(fb=fb, window=window):
-                    a = fi.SinkAttention(bench.dev, bf16, sh.hq, sh.hkv, sh.d, scale=scale, window=window, backend=fb)
+                    a = fi.SinkAttention(b.device, bf16, sh.hq, sh.hkv, sh.d, scale=scale, window=window, backend=fb)
                     a.plan_paged(cu, bt, lens_t, PAGE)
                     return lambda: a.run(q, kc, vc, sinks)
 
-                bench.measure("prefill", case, f"flashinfer-{fb}", lazy(ragged), **mk, note="ragged, sink variant")
-                bench.measure("prefill", case, f"flashinfer-{fb} paged16", lazy(paged), **mk, note="SinkWrapper")
-            bench.measure("prefill", case, "torch sdpa", sdpa_prefill(torch, q, k, v, lens, window, scale), flops, 0.0, None, note="no sinks")
+                b.measure("prefill", case, shape, f"flashinfer-{fb}", lazy(ragged), **mk, note="ragged, sink variant")
+                b.measure("prefill", case, shape, f"flashinfer-{fb} paged16", lazy(paged), **mk, note="SinkWrapper")
+            b.measure("prefill", case, shape, "torch sdpa", sdpa_prefill(torch, q, k, v, lens, window, scale), flops, 0.0, peak, None,
+                      note="no sinks", graph=False)
         del q, k, v, kc, vc
 
 
@@ -275,35 +220,36 @@ def decode_check(torch, q, kc, vc, bt, ctx, sinks, window, scale):
     return lambda out: closeness(ref)(out[sel])
 
 
-def bench_decode(bench: Bench, sh: Shapes, fi, fi_backends: list[str]) -> None:
-    torch = bench.torch
+def bench_decode(b: Bench, sh: Shapes, fi, fi_backends: list[str]) -> None:
+    torch = b.torch
     import torch.nn.functional as F
 
     from quantkit.kernels import attention_triton_decode as tri
 
     scale = sh.d**-0.5
-    cases = [(b, c, None) for b in sh.batch for c in sh.ctx] + [(sh.batch[0], sh.ctx[-1], sh.window), (sh.batch[-1], sh.ctx[-1], sh.window)]
-    for b, ctx, window in cases:
-        if bench.left() < 30:
-            bench.log(f"  decode B={b} ctx={ctx}: skipped, out of time")
+    cases = [(n, c, None) for n in sh.batch for c in sh.ctx] + [(sh.batch[0], sh.ctx[-1], sh.window), (sh.batch[-1], sh.ctx[-1], sh.window)]
+    for n, ctx, window in cases:
+        if left(b) < 30:
+            b.skipped.append(f"decode B={n} ctx={ctx}")
             continue
-        kc, vc, bt, lens, q, sinks = decode_inputs(torch, bench.dev, sh, b, ctx)
-        case = f"B={b} ctx={ctx}" + (f" swa{window}" if window else "")
-        nbytes = 2.0 * b * min(ctx, window or ctx) * sh.hkv * 2 * sh.d  # bf16 K and V rows the step reads
-        mk = dict(flops=4.0 * b * sh.hq * sh.d * min(ctx, window or ctx), nbytes=nbytes, check=decode_check(torch, q, kc, vc, bt, ctx, sinks, window, scale))
-        bench.measure("decode", case, "triton", lambda: tri.attention_decode(q, kc, vc, bt, lens, PAGE, scale, sinks, window), **mk)
+        kc, vc, bt, lens, q, sinks = decode_inputs(torch, b.device, sh, n, ctx)
+        case = f"B={n} ctx={ctx}" + (f" swa{window}" if window else "")
+        keys = min(ctx, window or ctx)
+        mk = dict(flops=4.0 * n * sh.hq * sh.d * keys, nbytes=2.0 * n * keys * sh.hkv * 2 * sh.d, peak_tflops=b.peaks[1],  # bf16 K and V rows read
+                  check=decode_check(torch, q, kc, vc, bt, ctx, sinks, window, scale))
+        b.measure("decode", case, (n, ctx, sh.d), "triton", lambda: tri.attention_decode(q, kc, vc, bt, lens, PAGE, scale, sinks, window), **mk)
         for fb in fi_backends if fi else ():
             def planned(fb=fb, window=window):
-                a = fi.SinkAttention(bench.dev, torch.bfloat16, sh.hq, sh.hkv, sh.d, scale=scale, window=window, backend=fb)
-                a.plan_paged(torch.arange(b + 1, dtype=torch.int32, device=bench.dev), bt, lens, PAGE)
+                a = fi.SinkAttention(b.device, torch.bfloat16, sh.hq, sh.hkv, sh.d, scale=scale, window=window, backend=fb)
+                a.plan_paged(torch.arange(n + 1, dtype=torch.int32, device=b.device), bt, lens, PAGE)
                 return lambda: a.run(q, kc, vc, sinks)
 
-            bench.measure("decode", case, f"flashinfer-{fb}", lazy(planned), **mk, note="SinkWrapper")
+            b.measure("decode", case, (n, ctx, sh.d), f"flashinfer-{fb}", lazy(planned), **mk, note="SinkWrapper")
         if window is None:
-            kk, vv = (torch.randn(b, sh.hkv, ctx, sh.d, device=bench.dev, dtype=torch.bfloat16) for _ in range(2))
+            kk, vv = (torch.randn(n, sh.hkv, ctx, sh.d, device=b.device, dtype=torch.bfloat16) for _ in range(2))
             q4 = q[:, :, None, :]
-            bench.measure("decode", case, "torch sdpa", lambda: F.scaled_dot_product_attention(q4, kk, vv, scale=scale, enable_gqa=True),
-                          mk["flops"], nbytes, None, note="contiguous, no sinks")
+            b.measure("decode", case, (n, ctx, sh.d), "torch sdpa", lambda: F.scaled_dot_product_attention(q4, kk, vv, scale=scale, enable_gqa=True),
+                      **{**mk, "check": None}, note="contiguous, no sinks")
             del kk, vv
         del kc, vc
 
@@ -313,126 +259,135 @@ PREFILL_SWEEP = ((128, 64, 4, 3), (128, 64, 4, 2), (128, 64, 4, 4), (128, 128, 8
 DECODE_SWEEP = ((64, 4, 3), (32, 4, 3), (128, 4, 3), (128, 8, 3), (64, 4, 2), (64, 4, 4), (256, 8, 3), (128, 4, 4), (32, 2, 4))
 
 
-def bench_sweep(bench: Bench, sh: Shapes) -> None:
-    """Triton launch configurations (block_m, block_n, warps, stages) / (block_n, warps, stages)."""
-    torch = bench.torch
+def bench_sweep(b: Bench, sh: Shapes) -> None:
+    """Triton launch configurations: decode (block_n, warps, stages) first (quicker to compile),
+    then prefill (block_m, block_n, warps, stages), until the budget runs out."""
+    torch = b.torch
     from quantkit.kernels import attention_triton as tri
     from quantkit.kernels import attention_triton_decode as trid
 
-    g, scale, n = torch.Generator().manual_seed(1), sh.d**-0.5, sh.prefill["single"][0]
-    q, k, v = (torch.randn(n, h, sh.d, generator=g).to(torch.bfloat16).to(bench.dev) for h in (sh.hq, sh.hkv, sh.hkv))
-    sinks = torch.randn(sh.hq, generator=g).to(bench.dev)
-    cu = torch.tensor([0, n], dtype=torch.int32, device=bench.dev)
-    for window in (None, sh.window):
-        want, rows = prefill_reference(torch, q, k, v, [n], sinks, window, scale)
-        flops = 4.0 * sh.hq * sh.d * pairs([n], window)
-        for cfg in (tri.PrefillConfig(*c) for c in PREFILL_SWEEP):
-            if bench.left() < 15:
-                return bench.log("  sweep: out of time")
-            run = (lambda c, w: lambda: tri.attention_prefill(q, k, v, cu, cu, scale, sinks, w, max_seqlen_q=n, config=c))(cfg, window)
-            bench.measure("prefill", f"single {n} {'swa' + str(window) if window else 'full'}", f"triton {cfg.name()}", run, flops, 0.0,
-                          (lambda r: lambda out: closeness(want)(out[r]))(rows), note="sweep")
-    for b, ctx in ((sh.batch[0], sh.ctx[-1]), (sh.batch[-1], sh.ctx[1])):
-        kc, vc, bt, lens, q, sinks = decode_inputs(torch, bench.dev, sh, b, ctx)
+    scale = sh.d**-0.5
+    for n, ctx in ((sh.batch[0], sh.ctx[-1]), (sh.batch[-1], sh.ctx[1])):
+        kc, vc, bt, lens, q, sinks = decode_inputs(torch, b.device, sh, n, ctx)
         check = decode_check(torch, q, kc, vc, bt, ctx, sinks, None, scale)
         for cfg in (trid.DecodeConfig(*c) for c in DECODE_SWEEP):
-            if bench.left() < 10:
-                return bench.log("  sweep: out of time")
+            if left(b) < 10:
+                return b.skipped.append("rest of the sweep")
             run = (lambda c: lambda: trid.attention_decode(q, kc, vc, bt, lens, PAGE, scale, sinks, config=c))(cfg)
-            bench.measure("decode", f"B={b} ctx={ctx}", f"triton {cfg.name()}", run, 4.0 * b * sh.hq * sh.d * ctx,
-                          2.0 * b * ctx * sh.hkv * 2 * sh.d, check, note="sweep")
+            b.measure("decode", f"B={n} ctx={ctx}", (n, ctx, sh.d), f"triton {cfg.name()}", run, 4.0 * n * sh.hq * sh.d * ctx,
+                      2.0 * n * ctx * sh.hkv * 2 * sh.d, b.peaks[1], check, note="sweep")
+        del kc, vc
+    g, n = torch.Generator().manual_seed(1), sh.prefill["single"][0]
+    q, k, v = (torch.randn(n, h, sh.d, generator=g).to(torch.bfloat16).to(b.device) for h in (sh.hq, sh.hkv, sh.hkv))
+    sinks = torch.randn(sh.hq, generator=g).to(b.device)
+    cu = torch.tensor([0, n], dtype=torch.int32, device=b.device)
+    for window in (None, sh.window):
+        want, rows = prefill_reference(torch, q, k, v, [n], sinks, window, scale)
+        flops, check = 4.0 * sh.hq * sh.d * pairs([n], window), (lambda w, r: lambda out: closeness(w)(out[r]))(want, rows)
+        for cfg in (tri.PrefillConfig(*c) for c in PREFILL_SWEEP):
+            if left(b) < 15:
+                return b.skipped.append("rest of the sweep")
+            run = (lambda c, w: lambda: tri.attention_prefill(q, k, v, cu, cu, scale, sinks, w, max_seqlen_q=n, config=c))(cfg, window)
+            case = f"single {n} {'swa' + str(window) if window else 'full'}"
+            b.measure("prefill", case, (n, n, sh.d), f"triton {cfg.name()}", run, flops, 0.0, b.peaks[1], check, note="sweep", graph=False)
 
 
 def summary(rows: list[Row]) -> list[str]:
-    """The short table: Triton (defaults) against the best FlashInfer row and SDPA, per case; best sweep config."""
-    def pick(case: str, pred: Callable[[str], bool]) -> Row | None:
-        ok = [r for r in rows if r.case == case and r.note != "sweep" and pred(r.backend) and r.ms]
-        return min(ok, key=lambda r: r.ms) if ok else None
+    """The short table: Triton (defaults) against the best FlashInfer row and SDPA per case; the best sweep config."""
+    def pick(case: str, pred: Callable[[str], bool], sweep: bool = False) -> Row | None:
+        ok = [r for r in rows if r.case == case and (r.note == "sweep") == sweep and pred(r.backend) and r.t]
+        return min(ok, key=lambda r: r.t) if ok else None
 
-    out = ["| case | triton ms | triton | flashinfer ms (best) | triton / flashinfer | goal | sdpa ms | best sweep config |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = ["| case | triton ms | triton | roofline | flashinfer ms (best) | triton / flashinfer | goal | sdpa ms | best sweep config |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for case in dict.fromkeys(r.case for r in rows if r.note != "sweep"):
-        tri, fi, sd = pick(case, lambda b: b == "triton"), pick(case, lambda b: b.startswith("flashinfer")), pick(case, lambda b: b == "torch sdpa")
+        tri, fi = pick(case, lambda n: n == "triton"), pick(case, lambda n: n.startswith("flashinfer"))
+        sd, best = pick(case, lambda n: n == "torch sdpa"), pick(case, lambda n: True, sweep=True)
         if tri is None:
-            out.append(f"| {case} | error | | | | | | |")
+            out.append(f"| {case} | error | | | | | | | |")
             continue
-        sweep = [r for r in rows if r.note == "sweep" and r.ms and r.case == case]
-        best = min(sweep, key=lambda r: r.ms) if sweep else None
-        metric = f"{tri.tflops:.0f} TFLOPS ({tri.peak_share:.0%})" if tri.section == "prefill" else f"{tri.gbs:.0f} GB/s ({tri.peak_share:.0%} HBM)"
-        fi_s = f"{fi.ms:.4f} ({fi.backend})" if fi else "-"
-        ratio = f"{tri.ms / fi.ms:.2f}" if fi else "-"
-        if tri.section == "prefill":
-            goal = "-" if fi is None else ("met" if tri.ms / fi.ms <= GOALS["prefill_vs_flashinfer"] else "missed")
+        rate = f"{fmt(tri.tflops, 0)} TFLOPS" if tri.family == "prefill" else f"{fmt(tri.gbs, 0)} GB/s"
+        if tri.family == "prefill":
+            goal = "-" if fi is None else ("met" if tri.t / fi.t <= GOALS["prefill_vs_flashinfer"] else "missed")
         else:
-            goal = "met" if tri.peak_share >= GOALS["decode_hbm"] else "missed"
-        best_s = f"{best.backend.removeprefix('triton ')} {best.ms:.4f} ms" if best else "-"
-        out.append(f"| {case} | {tri.ms:.4f} | {metric} | {fi_s} | {ratio} | {goal} | {f'{sd.ms:.4f}' if sd else '-'} | {best_s} |")
+            goal = "met" if (tri.roofline or 0) >= GOALS["decode_hbm"] else "missed"
+        fi_s = f"{fmt(fi.t)} ({fi.backend})" if fi else "-"
+        best_s = f"{best.backend.removeprefix('triton ')} {fmt(best.t)} ms" if best else "-"
+        out.append(f"| {case} | {fmt(tri.t)} | {rate} | {pct(tri.roofline)} | {fi_s} | {fmt(tri.t / fi.t, 2) if fi else '-'} | {goal} | "
+                   f"{fmt(sd.t) if sd else '-'} | {best_s} |")
     return out
 
 
-def versions(torch) -> str:
-    import triton
-
-    parts = [f"torch {torch.__version__}", f"triton {triton.__version__}", f"python {platform.python_version()}"]
-    try:
-        import flashinfer
-
-        parts.append(f"flashinfer {flashinfer.__version__}")
-    except Exception as err:  # noqa: BLE001 -- the report says why FlashInfer is absent
-        parts.append(f"flashinfer absent ({type(err).__name__}: {str(err)[:80]})")
-    return ", ".join(parts)
+def write_report(b: Bench, versions: dict[str, str], sh: Shapes, append: str | None) -> list[str]:
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    short = summary(b.rows)
+    full = ["| family | case | backend | eager ms | graph ms | TFLOPS | GB/s | roofline | check | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+    full += [f"| {r.family} | {r.case} | {r.backend} | {fmt(r.ms)} | {fmt(r.graph_ms)} | {fmt(r.tflops, 1)} | {fmt(r.gbs, 0)} | {pct(r.roofline)} | "
+             f"{r.check} | {r.note} |" for r in b.rows]
+    text = [f"## Sink attention, {stamp}", "", f"Device: {b.gpu}; " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+            f"Command: `python scripts/bench_attention.py {' '.join(sys.argv[1:])}`.",
+            f"Shapes: Hq {sh.hq}, Hkv {sh.hkv}, D {sh.d}, pages of {PAGE}; goals: prefill within {GOALS['prefill_vs_flashinfer']}x of "
+            f"FlashInfer, decode >= {GOALS['decode_hbm']:.0%} of HBM on the K/V bytes. Times: graph where measured, else eager.", "",
+            *short, "", *([f"Skipped (out of time): {', '.join(b.skipped)}", ""] if b.skipped else []),
+            "<details><summary>all rows</summary>", "", *full, "", "</details>", ""]
+    (b.out / "results.md").write_text("\n".join(text))
+    if append:
+        with open(append, "a") as f:
+            f.write("\n" + "\n".join(text))
+    return short
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--budget-s", type=float, default=240.0, help="start no new decode or sweep timing after this many seconds")
-    ap.add_argument("--fi-backends", default="auto", help="comma list of FlashInfer backends (auto, fa2, fa3); '' for none")
-    ap.add_argument("--no-sweep", action="store_true")
-    ap.add_argument("--append", type=Path, help="append OUT/results.md to this file (e.g. docs/benchmarks.md)")
-    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    args = ap.parse_args()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--budget-s", type=float, default=240.0, help="start no new decode or sweep case after this many seconds")
+    p.add_argument("--fi-backends", default="auto", help="comma list of FlashInfer backends (auto, fa2, fa3); '' for none")
+    p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--warmup-ms", type=int, default=10)
+    p.add_argument("--rep-ms", type=int, default=40)
+    p.add_argument("--append", nargs="?", const=str(ROOT / "docs" / "benchmarks.md"), default=None)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu = interpreter smoke run of this script")
+    args = p.parse_args()
     if args.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # before quantkit.kernels is imported (Triton reads it then)
+        os.environ["TRITON_INTERPRET"] = "1"  # before quantkit.kernels imports triton
+        args.append = None
     sys.path.insert(0, str(ROOT))
     import torch
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device; use --device cpu for the interpreter smoke run")
+    device = torch.device(args.device)
+    torch.set_float32_matmul_precision("highest")  # the reference is a true float32 matmul
     args.out.mkdir(parents=True, exist_ok=True)
     for name in ("bench.log", "results.jsonl"):
         (args.out / name).unlink(missing_ok=True)
-    dev = torch.device(args.device)
-    bench = Bench(torch, dev, args.out, time.monotonic() + args.budget_s)
-    cpu = dev.type == "cpu"
-    sh = Shapes(CPU_SHAPES["hq"], CPU_SHAPES["hkv"], CPU_SHAPES["d"], CPU_SHAPES["prefill"], CPU_SHAPES["batch"], CPU_SHAPES["ctx"],
-                CPU_SHAPES["window"]) if cpu else Shapes()
-    gpu = torch.cuda.get_device_name(dev) if not cpu else platform.processor() or "cpu"
-    bench.log(f"# bench_attention on {gpu}: {versions(torch)}")
-    fi, fi_backends = None, [b for b in args.fi_backends.split(",") if b]
-    if not cpu and fi_backends:
+    gpu, peaks, versions = environment(torch, device)
+    b = Bench(torch, device, gpu, peaks, args.out, args.warmup_ms, args.rep_ms, time.monotonic() + args.budget_s)
+    sh = Shapes(**CPU_SHAPES) if device.type == "cpu" else Shapes()
+    fi, fi_backends = None, [x for x in args.fi_backends.split(",") if x] if b.cuda else []
+    if fi_backends:
         try:
-            import flashinfer  # noqa: F401
+            import flashinfer
 
             from quantkit.kernels import attention_flashinfer as fi
-        except Exception as err:  # noqa: BLE001 -- logged; the rows without FlashInfer still run
-            bench.log(f"FlashInfer not importable, its rows are left out: {type(err).__name__}: {err}")
-    for section in (bench_prefill, bench_decode) + (() if args.no_sweep else (bench_sweep,)):
-        bench.log(f"## {section.__name__} ({bench.left():.0f} s left)")
-        section(bench, sh, fi, fi_backends) if section is not bench_sweep else section(bench, sh)
-        if not cpu:
-            torch.cuda.empty_cache()
-    head = [f"## Sink attention ({time.strftime('%Y-%m-%d')}, {gpu})", "", versions(torch) + f"; Hq {sh.hq}, Hkv {sh.hkv}, D {sh.d}, pages {PAGE}; "
-            f"goals: prefill within {GOALS['prefill_vs_flashinfer']}x of FlashInfer, decode >= {GOALS['decode_hbm']:.0%} of HBM {HBM_GBS / 1000} TB/s", ""]
-    full = ["| section | case | backend | ms | TFLOPS | GB/s | of peak | check | note |", "|---|---|---|---|---|---|---|---|---|"]
-    full += [f"| {r.section} | {r.case} | {r.backend} | {r.ms or '-'} | {r.tflops and round(r.tflops, 1)} | {r.gbs and round(r.gbs)} | "
-             f"{r.peak_share and f'{r.peak_share:.1%}'} | {r.check} | {r.note} |" for r in bench.rows]
-    short = summary(bench.rows)
-    text = "\n".join(head + short + ["", "<details><summary>all rows</summary>", ""] + full + ["", "</details>", ""])
-    (args.out / "results.md").write_text(text)
-    if args.append:
-        with open(args.append, "a") as f:
-            f.write("\n" + text)
-    failed = [r for r in bench.rows if r.check.startswith(("FAIL", "error"))]
-    print("\n".join(["", f"{len(bench.rows)} rows, {len(failed)} failed or errored; details in {args.out}/results.md", *short]))
+
+            versions["flashinfer"] = flashinfer.__version__
+        except Exception as err:  # noqa: BLE001 -- logged and in the report; the other rows still run
+            versions["flashinfer"] = f"absent ({type(err).__name__}: {str(err)[:80]})"
+    b.log(f"bench_attention: {gpu} {versions}")
+    t0 = time.monotonic()
+    for section in (bench_prefill, bench_decode):
+        b.log(f"## {section.__name__} ({left(b):.0f} s left)")
+        section(b, sh, fi, fi_backends)
+    if args.sweep:
+        b.log(f"## sweep ({left(b):.0f} s left)")
+        bench_sweep(b, sh)
+    short = write_report(b, versions, sh, args.append)
+    failed = [r for r in b.rows if r.check.startswith(("FAIL", "error"))]
+    b.log(f"\n==== sink attention ({time.monotonic() - t0:.0f} s, {len(b.rows)} rows, {len(failed)} failed checks or errors; "
+          f"full report {args.out / 'results.md'}) ====")
+    for line in short:
+        b.log(line)
 
 
 if __name__ == "__main__":

@@ -260,8 +260,8 @@ def main() -> None:
     models, ts, check_ts = (MODELS, DECODE_T + PREFILL_T, CHECK_T) if b.cuda else (CPU_MODELS, CPU_T, CPU_CHECK_T)
     t0, sweeps = time.monotonic(), []
     for name in args.models:
-        for fmt in args.formats:
-            sweeps.append(bench_model(b, models[name], fmt, ts, check_ts, args.sweep and name == "gpt-oss-120b" and fmt == "fp8-block"))
+        for qfmt in args.formats:
+            sweeps.append(bench_model(b, models[name], qfmt, ts, check_ts, args.sweep and name == "gpt-oss-120b" and qfmt == "fp8-block"))
     for s in sweeps:
         if s is not None:
             s()

@@ -68,7 +68,11 @@ def pages(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: in
 
 
 class SinkAttention:
-    """One FlashInfer attention configuration (heads, dims, window, sinks or not) with its workspace."""
+    """One FlashInfer attention configuration (heads, dims, scale, window, sinks or not) with its workspace.
+
+    FlashInfer 0.5.3 names the sink module by dtype, window and backend only, not by head dims:
+    use one head-dim pair per process with sinks (the JIT build directory is shared).
+    """
 
     def __init__(self, device: torch.device | str, dtype: torch.dtype, num_q_heads: int, num_kv_heads: int,
                  head_dim: int, head_dim_v: int | None = None, *, scale: float, window: int | None = None,

@@ -37,7 +37,9 @@ from . import dispatch
 from .fused_moe_ref import ExpertWeights, MoeSpec, check_moe
 from .group_quant import act_quant_fp8_block, mxfp8_quantize
 from .moe_routing import Alignment, align
-from .triton_numerics import PRIORITY, available, e8m0_decode, interpreted
+from .triton_numerics import (
+    PRIORITY, abs_max, available, divide, e4m3_code, e8m0_decode, e8m0_exponent, fp8_block_scale, hw_e4m3, interpreted, pow2,
+)  # fmt: skip
 
 BLOCK_K = 128
 INT32_LIMIT = 2**31
@@ -56,15 +58,20 @@ class MoeConfig:
     num_stages: int = 3
     group_m: int = 8
     upcast: bool = False  # MX experts only: exact bf16 operands, one bf16 dot per 32 columns
+    fuse_quant: bool = False  # each GEMM program quantizes its own activation rows (no quant launches)
 
     def name(self) -> str:
-        return f"{self.block_m}x{self.block_n1}/{self.block_n2}/w{self.num_warps}/st{self.num_stages}{'/up' if self.upcast else ''}"
+        flags = ("/up" if self.upcast else "") + ("/fq" if self.fuse_quant else "")
+        return f"{self.block_m}x{self.block_n1}/{self.block_n2}/w{self.num_warps}/st{self.num_stages}{flags}"
 
 
 # (largest average (token, slot) pairs per expert, config).  Decode is weight-bandwidth bound:
 # 16-row blocks and narrow N tiles so the few hit experts spread over every SM (vLLM H200
 # fused_moe fp8 tables use 16 x 32..64 there); prefill is compute bound: 64..128 x 128 tiles.
+# With very few tokens, re-quantizing a block's rows in each of its ~90 programs costs less
+# than the two quantization launches it saves (it grows with T: off above 0.5 pairs/expert).
 MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
+    (0.5, MoeConfig(16, 32, 32, num_warps=4, num_stages=4, fuse_quant=True)),
     (8, MoeConfig(16, 32, 32, num_warps=4, num_stages=4)),
     (48, MoeConfig(32, 64, 64, num_warps=4, num_stages=4)),
     (160, MoeConfig(64, 64, 128, num_warps=4, num_stages=3)),
@@ -125,6 +132,22 @@ def _scale(s_ptr, rows, row0, stride_r, kcol, n_cols, RPS: tl.constexpr, UNIFORM
 
 
 @triton.jit
+def _quant_group(x, QMODE: tl.constexpr, RCEIL: tl.constexpr, HW_CAST: tl.constexpr):
+    """float32 [BM, G] -> (E4M3 [BM, G], float32 scale [BM]): one group per row, the same bytes
+    as :mod:`.group_quant` (QMODE 0 = MX E8M0, 1 = F32 amax/448, 2 = UE8M0)."""
+    amax = abs_max(x, 1)
+    if QMODE == 0:
+        kexp = e8m0_exponent(amax, 8, 0x600000, RCEIL)
+        s = pow2(tl.minimum(kexp, 127))
+        sa = e8m0_decode(kexp + 127)  # the scale as the stored byte decodes (0xFF: NaN)
+    else:
+        s = fp8_block_scale(amax, QMODE == 2, RCEIL)
+        sa = s * 1.0001
+    v = divide(x, s[:, None], tl.math.div_rn(1.0, s)[:, None], QMODE != 1)
+    return e4m3_code(v, v, False, HW_CAST).to(tl.float8e4nv, bitcast=True), sa
+
+
+@triton.jit
 def _mma(acc, a, w, sa, sw, W_UNIFORM: tl.constexpr, UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr):
     """acc += (a * sa) @ (w * sw): promoted fp8 dot, or exact upcast operands."""
     if UPCAST:
@@ -154,7 +177,8 @@ def _moe_gemm_kernel(
     s_am, s_asm, s_we, s_wn, s_wse, s_wsn, s_be, s_om,
     TOP_K: tl.constexpr, GATED: tl.constexpr, ROW_STEP: tl.constexpr, ACT: tl.constexpr, ROUND: tl.constexpr,
     A_KPS: tl.constexpr, A_E8M0: tl.constexpr, W_RPS: tl.constexpr, W_KPS: tl.constexpr, W_E8M0: tl.constexpr,
-    HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr,
+    W_UNIFORM: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr,
+    QMODE: tl.constexpr, RCEIL: tl.constexpr, HW_CAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr,
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
@@ -170,7 +194,6 @@ def _moe_gemm_kernel(
     row_g = (offs_n % N) * ROW_STEP  # weight rows of the gate (or only) half; wrapped columns never stored
     row_u = row_g + up_off
     row0 = pid_n * BLOCK_N * ROW_STEP
-    W_UNIFORM: tl.constexpr = W_RPS % (BLOCK_N * ROW_STEP) == 0
     w_e = w_ptr + e * s_we
     ws_e = ws_ptr + e * s_wse
     offs_k = tl.arange(0, SUB_K)
@@ -187,9 +210,11 @@ def _moe_gemm_kernel(
             else:
                 a = tl.load(a_ptrs, mask=(ks < K)[None, :], other=0.0)
                 wg = tl.load(wg_ptrs, mask=(ks < K)[:, None], other=0.0)
-            acol = (kb * BLOCK_K + j * SUB_K) // A_KPS
             wcol = (kb * BLOCK_K + j * SUB_K) // W_KPS
-            sa = _scale(as_ptr, a_row, 0, s_asm, acol, AS_COLS, 1, False, A_E8M0)
+            if QMODE >= 0:  # a holds x.dtype values: quantize its group (SUB_K columns) here
+                a, sa = _quant_group(a.to(tl.float32), QMODE, RCEIL, HW_CAST)
+            else:
+                sa = _scale(as_ptr, a_row, 0, s_asm, (kb * BLOCK_K + j * SUB_K) // A_KPS, AS_COLS, 1, False, A_E8M0)
             sg = _scale(ws_e, row_g, row0, s_wsn, wcol, WS_COLS, W_RPS, W_UNIFORM, W_E8M0)
             acc_g = _mma(acc_g, a, wg, sa, sg, W_UNIFORM, UPCAST, UP_DTYPE)
             if GATED:
@@ -230,31 +255,36 @@ def _quant(x: torch.Tensor, fmt: str, spec: MoeSpec) -> tuple[torch.Tensor, torc
     return mxfp8_quantize(x, spec.rule)
 
 
-def _gemm(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: torch.Tensor, al: Alignment, n_slots: int,
-          top_k: int, spec: MoeSpec | None, block_n: int, cfg: MoeConfig) -> None:  # fmt: skip
-    """Launch one grouped GEMM; ``spec`` set = GEMM 1 (gated, activation), None = GEMM 2."""
+def _gemm(a: torch.Tensor, sa: torch.Tensor | None, w: ExpertWeights, out: torch.Tensor, al: Alignment, n_slots: int,
+          top_k: int, spec: MoeSpec, gated: bool, block_n: int, cfg: MoeConfig) -> None:  # fmt: skip
+    """Launch one grouped GEMM (gated: GEMM 1 with the activation; else GEMM 2).  ``sa`` None:
+    ``a`` is x.dtype and each program quantizes it (``cfg.fuse_quant``)."""
     e, nw, k = w.shape
-    gated = spec is not None
     n_out = nw // 2 if gated else nw
     fp8b = w.fmt == "fp8-block"
     ws = w.scale.view(torch.uint8) if not fp8b else w.scale
+    qmode = -1 if sa is not None else (0 if not fp8b else 2 if spec.scale_fmt == "ue8m0" else 1)
+    sa = a if sa is None else sa  # stands in for the scales, never read when qmode >= 0
     assert a.shape[1] == k and sa.is_contiguous() and ws.is_contiguous() and w.q.stride(2) == 1 and a.stride(1) == 1, "fused_moe: layouts"
     assert out.shape == (n_slots, n_out) and out.is_contiguous(), f"fused_moe: output {tuple(out.shape)}, want ({n_slots}, {n_out})"
     assert max(a.numel(), w.q[0].numel(), out.numel()) < INT32_LIMIT, "fused_moe: 32-bit offsets overflow"
     assert not (cfg.upcast and fp8b), "upcast is exact only with power-of-two (MX) scales"
     interleaved = gated and spec.interleaved
+    row_step, up_off = (2, 1) if interleaved else (1, n_out if gated else 0)
+    # one weight scale row per tile (gate and up alike): a scalar scale load and promotion
+    uniform = fp8b and 128 % (block_n * row_step) == 0 and up_off % (1 if interleaved else 128) == 0
     bias = w.bias if w.bias is not None else out
     cap = al.sorted_ids.shape[0]
     grid = (triton.cdiv(cap, al.block_m) * triton.cdiv(n_out, block_n),)
     _moe_gemm_kernel[grid](
         a, sa, w.q, ws, bias, out, al.sorted_ids, al.expert_ids, al.num_padded,
-        n_slots, cap, n_out, k, (1 if interleaved else n_out) if gated else 0, sa.shape[1], ws.shape[2],
-        spec.alpha if gated else 0.0, spec.limit if gated else 0.0,
+        n_slots, cap, n_out, k, up_off, sa.shape[1], ws.shape[2], spec.alpha, spec.limit,
         a.stride(0), sa.stride(0), w.q.stride(0), w.q.stride(1), ws.stride(0), ws.stride(1), bias.stride(0), out.stride(0),
-        TOP_K=top_k, GATED=gated, ROW_STEP=2 if interleaved else 1, ACT=ACT_CODES[spec.activation] if gated else 0,
+        TOP_K=top_k, GATED=gated, ROW_STEP=row_step, ACT=ACT_CODES[spec.activation] if gated else 0,
         ROUND=out.dtype == torch.bfloat16, A_KPS=128 if fp8b else 32, A_E8M0=sa.dtype == torch.uint8,
-        W_RPS=128 if fp8b else 1, W_KPS=128 if fp8b else 32, W_E8M0=not fp8b, HAS_BIAS=w.bias is not None,
+        W_RPS=128 if fp8b else 1, W_KPS=128 if fp8b else 32, W_E8M0=not fp8b, W_UNIFORM=uniform, HAS_BIAS=w.bias is not None,
         UPCAST=cfg.upcast, UP_DTYPE=tl.float32 if interpreted() else tl.bfloat16,
+        QMODE=qmode, RCEIL=spec.rule == "rceil", HW_CAST=hw_e4m3(a.device),
         BLOCK_M=al.block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K, SUB_K=128 if fp8b else 32,
         GROUP_M=cfg.group_m, EVEN_K=k % BLOCK_K == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -278,13 +308,14 @@ def fused_moe(
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)  # [T, H]
     if n == 0:
         return out
-    a, sa = _quant(x.contiguous(), w13.fmt, spec)  # once per token: E4M3 [T, H]
+    quant = (lambda t_: (t_, None)) if cfg.fuse_quant else (lambda t_: _quant(t_, w13.fmt, spec))  # noqa: E731
+    a, sa = quant(x.contiguous())  # once per token: E4M3 [T, H]
     al = align(topk_ids, e, cfg.block_m)
     mid = torch.empty((n, inter), dtype=x.dtype, device=x.device)  # [T*k, I], slot order
-    _gemm(a, sa, w13, mid, al, n, k, spec, cfg.block_n1, cfg)
-    mq, ms = _quant(mid, w2.fmt, spec)
+    _gemm(a, sa, w13, mid, al, n, k, spec, True, cfg.block_n1, cfg)
+    mq, ms = quant(mid)
     y = torch.empty((n, h), dtype=x.dtype, device=x.device)  # [T*k, H]
-    _gemm(mq, ms, w2, y, al, n, 1, None, cfg.block_n2, cfg)
+    _gemm(mq, ms, w2, y, al, n, 1, spec, False, cfg.block_n2, cfg)
     block_h = min(1024, triton.next_power_of_2(h))
     w = topk_weights.to(torch.float32).contiguous()
     _combine_kernel[(t, triton.cdiv(h, block_h))](y, w, out, h, TOP_K=k, ROUND=x.dtype == torch.bfloat16, BLOCK_H=block_h)

@@ -54,7 +54,7 @@ W128_CONFIGS: ConfigTable = (
     (INT32_LIMIT, Config(64, 128, tma=True, num_warps=4, num_stages=3)),
 )
 # by-shape for gemm_mxfp8: the Triton kernels up to this M, dequant-bf16 above
-BY_SHAPE_MX: tuple[tuple[int, str], ...] = ((64, "triton"), (INT32_LIMIT, "dequant-bf16"))
+BY_SHAPE_MX: tuple[tuple[int, str], ...] = ((16, "triton"), (INT32_LIMIT, "dequant-bf16"))  # H200 run of 2026-11-29 (docs/benchmarks.md)
 
 
 def _mx_scales(s: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,7 @@ INT32_LIMIT = 2**31
 # per-M winners and a suggested table): cuBLAS won every shape at M >= 128 (by 1.3-4x), also
 # with K % 128 != 0, where it pads the weight and activation per call; M <= 64 is Triton's
 # small-M kernel (decode), pending the graph-timed comparison of the next run.
-BY_SHAPE_FP8: tuple[tuple[int, str], ...] = ((64, "triton"), (INT32_LIMIT, "cublas"))
+BY_SHAPE_FP8: tuple[tuple[int, str], ...] = ((16, "triton"), (INT32_LIMIT, "cublas"))  # H200 run of 2026-11-29 (docs/benchmarks.md)
 
 
 def _finish(y: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype, lead: tuple[int, ...]) -> torch.Tensor:

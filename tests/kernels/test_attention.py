@@ -149,6 +149,18 @@ def test_dispatch_on_cpu_runs_the_reference_and_flashinfer_says_why_not():
         dispatch.which("attention_decode", "cpu", backend="flashinfer")
 
 
+def test_flashinfer_page_lists_from_engine_block_tables():
+    """FlashInfer's (indptr, indices, last_page_len) from the engine's -1 padded tables (pure torch, no flashinfer needed)."""
+    from quantkit.kernels.attention_flashinfer import pages
+
+    bt = torch.tensor([[7, 2, -1], [4, -1, -1], [0, 5, 6]])
+    indptr, indices, last = pages(bt, torch.tensor([17, 16, 33], dtype=torch.int32), 16)
+    assert indptr.tolist() == [0, 2, 3, 6]
+    assert indices.tolist() == [7, 2, 4, 0, 5, 6]
+    assert last.tolist() == [1, 16, 1]
+    assert indptr.dtype == indices.dtype == last.dtype == torch.int32
+
+
 # ---- Triton (interpreter on CPU, compiled on CUDA) -----------------------------------------
 
 

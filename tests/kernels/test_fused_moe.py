@@ -163,16 +163,20 @@ def test_reference_equals_engine_experts(gen, fmt, act):
 # ---- Triton vs the reference -------------------------------------------------------------------
 
 # (fmt, spec, E, H, I, T, k, x scale, config): tiny shapes; K = 160 is not a multiple of 128
-# (masked tail), I = 96 gives partial weight tiles, T = 40 puts > BLOCK_M pairs on an expert,
-# x * 20 drives GPT-OSS's clamps, ue8m0 / floor cover the other activation scale options.
+# (masked tail), I = 96 gives partial weight tiles (and, concatenated, 128-row tiles that
+# straddle gate and up: per-row scales), a 128-wide interleaved tile spans two scale rows,
+# T = 40 puts > BLOCK_M pairs on an expert, x * 20 drives GPT-OSS's clamps, ue8m0 / floor
+# cover the other activation scale options; fuse_quant quantizes activations inside the GEMMs.
 CASES = [
     ("fp8-block", GPT_OSS, 4, 256, 256, 5, 2, 1.0, MoeConfig(16, 32, 32)),
     ("fp8-block", SILU, 4, 256, 256, 5, 2, 1.0, MoeConfig(16, 64, 128, num_stages=4)),
     ("mxfp8", GPT_OSS, 4, 256, 256, 5, 2, 1.0, MoeConfig(16, 32, 32)),
     ("mxfp8", SILU, 4, 256, 256, 5, 2, 1.0, MoeConfig(16, 64, 64, upcast=True)),
-    ("fp8-block", GPT_OSS, 4, 160, 96, 1, 2, 20.0, MoeConfig(16, 32, 64)),
-    ("fp8-block", MoeSpec("silu", scale_fmt="ue8m0"), 3, 160, 128, 40, 2, 1.0, MoeConfig(16, 32, 64)),
-    ("mxfp8", MoeSpec("gpt-oss", interleaved=True, rule="floor"), 3, 160, 96, 40, 2, 20.0, MoeConfig(16, 64, 32, upcast=True)),
+    ("fp8-block", GPT_OSS, 4, 160, 96, 1, 2, 20.0, MoeConfig(16, 128, 64, fuse_quant=True)),
+    ("fp8-block", SILU, 3, 160, 96, 9, 2, 1.0, MoeConfig(16, 64, 32)),
+    ("fp8-block", MoeSpec("silu", scale_fmt="ue8m0"), 3, 160, 128, 40, 2, 1.0, MoeConfig(16, 32, 64, fuse_quant=True)),
+    ("mxfp8", MoeSpec("gpt-oss", interleaved=True, rule="floor"), 3, 160, 96, 40, 2, 20.0, MoeConfig(16, 64, 32, upcast=True, fuse_quant=True)),
+    ("mxfp8", SILU, 4, 256, 128, 3, 2, 1.0, MoeConfig(16, 32, 32, fuse_quant=True)),
 ]
 
 
@@ -193,10 +197,12 @@ def test_triton_fused_moe_matches_reference(triton_device, gen, fmt, spec, e, h,
     assert_moe_close(run_triton(x, w, ids, w13, w2, spec, triton_device, cfg), ref, f"{fmt} {spec.activation} {cfg.name()}", 5e-3)
 
 
-def test_triton_float32_input_and_default_config(triton_device, gen):
+@pytest.mark.parametrize("t", [1, 6])  # default configs: fused quantization (T = 1), separate (T = 6)
+def test_triton_float32_input_and_default_config(triton_device, gen, t):
     w13, w2 = experts("fp8-block", 4, 256, 128, gen, bias=False), experts("fp8-block", 4, 128, 128, gen, bias=False)
-    x = torch.randn(6, 128, generator=gen)
-    w, ids = routed(6, 2, 4, gen)
+    x = torch.randn(t, 128, generator=gen)
+    w, ids = routed(t, 2, 4, gen)
+    assert pick_moe_config(t * 2, 4, "fp8-block").fuse_quant == (t == 1)
     out = run_triton(x, w, ids, w13, w2, SILU, triton_device)
     assert out.dtype == torch.float32
     assert_moe_close(out, fused_moe_ref(x, w, ids, w13, w2, SILU), "f32 default config", 1e-5)

@@ -1,7 +1,7 @@
 """Attention ops with per-head sinks and sliding windows: their pure-torch references and registration.
 
 Numerics (GPT-OSS: transformers ``eager_attention_forward``, openai/gpt-oss torch/model.py; the
-engine's :func:`quantkit.engine.layers.attention.attend` computes the same function): logits
+engine imports :func:`attend` from here for its reference attention): logits
 s = q.k * scale in float32; key j is visible to a query at position p when j <= p and, with a
 sliding window W, j > p - W (GPT-OSS W=128: keys p-127..p, FlashInfer ``window_left`` = W-1).
 A per-head sink logit joins the softmax denominator unscaled and its probability is dropped:

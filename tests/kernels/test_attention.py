@@ -304,3 +304,49 @@ def test_gpu_flashinfer_matches_reference(window):
     got = dispatch.call("attention_decode", q, kc, vc, bt, lens, 16, 0.125, sinks, window, backend="flashinfer")
     assert_close(got, want, *GPU_TOL, "fi decode")
     assert math.isfinite(float(got.float().abs().max()))
+
+
+# ---- compiled for Hopper without a GPU ------------------------------------------------------
+
+SM90_COMPILE = r'''
+import sys
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from quantkit.kernels import attention_triton as P, attention_triton_decode as Dd
+
+DIV16 = {"sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "so_t", "so_h", "sq_b", "so_b", "sop_b", "sop_h", "sop_s", "sl_b", "sl_h"}
+def build(fn, ptrs, consts, warps, stages):
+    names = fn.arg_names  # what a launch specialises: 16-byte aligned pointers, strides divisible by 16
+    sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*") or n in DIV16}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+io = {n: "*bf16" for n in ("Q", "K", "V", "O")} | {"SINKS": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "BT": "*i32", "CTX": "*i32",
+                                                  "OP": "*fp32", "LSE": "*fp32", "qk_scale": "fp32"}
+common = dict(HEAD_DV=64, BLOCK_DV=64, HAS_SINKS=True)
+for paged in (False, True):
+    k = build(P._prefill_kernel, io, dict(common, GROUP=8, HEAD_D=64, BLOCK_D=64, BLOCK_M=128, BLOCK_N=64, HAS_WINDOW=True,
+              PAGED=paged, DOT=tl.bfloat16, PRECISION="tf32"), 4, 3)
+    ir = k.asm["ttgir"]
+    assert "warp_group_dot" in ir and "async_copy_global_to_local" in ir, "prefill: no wgmma or no pipelined loads"
+for final in (False, True):
+    build(Dd._decode_split_kernel, io, dict(common, GROUP=8, BLOCK_H=16, HEAD_D=64, BLOCK_D=64, BLOCK_N=64, HAS_WINDOW=True,
+          FINAL=final, DOT=tl.bfloat16, PRECISION="tf32"), 4, 3)
+build(Dd._decode_merge_kernel, io, dict(common, BLOCK_S=64), 4, 1)
+print("compiled")
+'''
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_sm90_without_a_gpu():
+    """Triton compiles the kernels for Hopper (ptxas ships in the triton wheel): wgmma dots and
+    pipelined (cp.async) K/V loads in prefill; decode and merge build.  Compiled mode, so a
+    subprocess without TRITON_INTERPRET."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "1"}
+    run = subprocess.run([sys.executable, "-c", SM90_COMPILE], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]

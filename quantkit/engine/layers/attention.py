@@ -18,43 +18,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ...kernels.attention import attend  # the torch twin the attention kernels are tested against
 from ..batch import Batch
 from ..kv_cache import KVCache
 from ..qlinear import Linear
 from .norm import RMSNorm
 from .rope import Rope
-
-
-def attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_pos: torch.Tensor,
-    k_pos: torch.Tensor,
-    scale: float,
-    sinks: torch.Tensor | None = None,
-    window: int | None = None,
-) -> torch.Tensor:
-    """q [n, Hq, D], k [m, Hkv, D], v [m, Hkv, Dv] -> float32 [n, Hq, Dv]; query head h uses kv head h // (Hq/Hkv)."""
-    hq, hkv = q.shape[1], k.shape[1]
-    if hq % hkv:
-        raise ValueError(f"{hq} query heads do not group over {hkv} kv heads")
-    rep = hq // hkv
-    kf = k.to(torch.float32).repeat_interleave(rep, dim=1)  # [m, Hq, D]
-    vf = v.to(torch.float32).repeat_interleave(rep, dim=1)
-    s = torch.einsum("nhd,mhd->hnm", q.to(torch.float32), kf) * scale
-    allowed = k_pos[None, :] <= q_pos[:, None]
-    if window is not None:
-        allowed &= k_pos[None, :] > q_pos[:, None] - window
-    s = s.masked_fill(~allowed, float("-inf"))
-    if sinks is not None:
-        sink = sinks.to(torch.float32).reshape(hq, 1, 1).expand(hq, s.shape[1], 1)
-        s = torch.cat((s, sink), dim=-1)
-    s = s - s.amax(dim=-1, keepdim=True)
-    p = torch.softmax(s, dim=-1)
-    if sinks is not None:
-        p = p[..., :-1]
-    return torch.einsum("hnm,mhd->nhd", p, vf)
 
 
 def attend_batch(

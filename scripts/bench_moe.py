@@ -4,21 +4,25 @@ then times it against a per-expert loop of torch bf16 matmuls, on GPT-OSS-120B a
 expert shapes, FP8-block and MXFP8 experts.
 
     python scripts/bench_moe.py --out OUT [--models gpt-oss-120b deepseek-v3] [--formats fp8-block mxfp8]
-        [--budget-s 270] [--sweep | --no-sweep] [--append [docs/benchmarks.md]] [--device cuda|cpu]
+        [--budget-s 240] [--sweep | --no-sweep] [--append [docs/benchmarks.md]] [--device cuda|cpu]
 
-Timing, logging and the result rows are scripts/bench_kernels.py's (``Bench``: do_bench median
-with L2 flushed before every call, so the experts come from HBM as in decode).  Per (model,
-format): random E4M3 experts with random scales (the kernel's speed does not depend on the
-values), router logits routed by the model's rule; then
+Timers, rows and the log are scripts/bench_common.py's ``Bench`` (shared with bench_kernels.py):
+eager = do_bench median with L2 flushed before every call (the experts come from HBM, as in
+decode); graph = the call replayed from a CUDA graph, each call after the same flush (how decode
+is served; rates use it where there is one).  Per (model, format): random E4M3 experts with
+random scales (the speed does not depend on the values), router logits routed by the model's
+rule; then, for each T:
 
-* check: fused_moe vs the reference (per-expert loop on the formats/ dequantizers, same GPU) at
-  T = 1, 128, 8192 (elementwise 2**-7 |ref| + 1e-2 max|ref|, relative L2 <= 1e-2);
-* time: fused_moe eager; for decode (T <= 128) also replayed from a CUDA graph (how decode
-  runs); the baseline loop.  Decode reports GB/s over the bytes of the experts actually hit (their
-  weights, scales, biases + activations) and its share of HBM bandwidth; prefill TFLOPS and the
-  share of dense FP8 peak; both the speed-up over the baseline;
-* sweep (GPT-OSS FP8-block, while budget remains): other tile configs at T = 1, 128, 8192.
+* check: fused_moe vs its reference (per-expert loop on the formats/ dequantizers, same GPU) at
+  T = 1, 128, 8192 (elementwise 2**-7 |ref| + 1e-2 max|ref|, relative L2 <= 1e-2), before timing;
+* time fused_moe (eager and graph) and the baseline, a per-expert loop of torch bf16 matmuls
+  (host-synchronising, eager only).  Decode (T <= 128) reports GB/s over the bytes of the
+  experts actually hit (weights, scales, biases, plus activations) and the share of HBM
+  bandwidth; prefill TFLOPS and the share of dense FP8 peak; both the speed-up over the loop;
+* sweep (GPT-OSS FP8-block, at the end, while budget remains): other tile configs at T = 1,
+  128, 8192, each checked.
 
+Cases run GPT-OSS first; ``--budget-s`` stops starting new ones (listed as skipped).
 ``--device cpu`` is a smoke test of this script: Triton's interpreter on tiny shapes.
 Writes OUT/bench.log, OUT/results.jsonl, OUT/results.md and prints a short table last.
 """
@@ -61,10 +65,13 @@ CPU_MODELS = {  # interpreter smoke run: same rules and layouts, tiny dims (K = 
 }
 DECODE_T, PREFILL_T, CHECK_T = (1, 4, 16, 64, 128), (8192,), (1, 128, 8192)
 CPU_T, CPU_CHECK_T = (1, 9), (1, 9)
+CPU_SWEEP = ((9, ((16, 32, 32, 4, 4, True),)),)
 GOALS = {"decode_hbm": 0.60, "prefill_fp8_peak": 0.50, "vs_loop": 3.0}
-SWEEP = ((1, ((16, 32, 32, 4, 4), (16, 64, 64, 4, 3), (16, 32, 64, 4, 5))),
-         (128, ((16, 32, 32, 4, 4), (16, 64, 64, 4, 4), (32, 64, 64, 4, 4))),
-         (8192, ((128, 64, 128, 8, 3), (128, 128, 128, 8, 3), (64, 64, 128, 4, 3), (64, 128, 128, 4, 4))))  # fmt: skip
+SWEEP = (  # (T, configs: (block_m, block_n1, block_n2, warps, stages, fuse_quant)); the table's own are timed in the main pass
+    (1, ((16, 32, 32, 4, 4, False), (16, 64, 64, 4, 3, True), (16, 32, 64, 4, 5, True), (16, 32, 32, 2, 4, True))),
+    (128, ((16, 32, 32, 4, 4, True), (16, 64, 64, 4, 4, False), (32, 64, 64, 4, 4, False))),
+    (8192, ((128, 128, 128, 8, 3, False), (64, 64, 128, 4, 3, False), (64, 128, 128, 4, 4, False), (128, 64, 128, 8, 4, False))),
+)
 
 
 def build_experts(torch, qfmt: str, e: int, n: int, k: int, bias: bool, dev):
@@ -120,7 +127,7 @@ def hit_bytes(torch, ids, w13, w2) -> float:
     return float(torch.unique(ids).numel() * per)
 
 
-def bench_model(b: Bench, m: Model, qfmt: str, ts: tuple, check_ts: tuple, sweep: bool):
+def bench_model(b: Bench, m: Model, qfmt: str, ts: tuple, check_ts: tuple, sweep: tuple):
     """Check and time one (model, format); returns the config sweep to run later (or None)."""
     torch = b.torch
     from quantkit.kernels.fused_moe import MoeConfig, fused_moe
@@ -151,16 +158,16 @@ def bench_model(b: Bench, m: Model, qfmt: str, ts: tuple, check_ts: tuple, sweep
                   flops, 2.0 * nbytes, b.peaks[1], None, graph=False)  # fmt: skip  (host-synchronising: no graph)
         if ref is not None:
             refs[t] = (x, wts, ids, ref)
-    if not (sweep and b.cuda):
+    if not sweep:
         return None
 
     def run_sweep() -> None:
-        for t, cfgs in SWEEP:
+        for t, cfgs in sweep:
             for c in cfgs:
                 if t not in refs or b.out_of_time():
                     continue
                 x, wts, ids, ref = refs[t]
-                cfg = MoeConfig(*c, upcast=qfmt == "mxfp8" and c[0] >= 64)
+                cfg = MoeConfig(*c[:5], upcast=qfmt == "mxfp8" and c[0] >= 64, fuse_quant=c[5])
                 flops = 2.0 * t * m.top_k * 3 * m.h * m.inter
                 nbytes = hit_bytes(torch, ids, w13, w2) + 4.0 * t * m.h
                 b.measure("moe-sweep", f"{m.name} {qfmt}", (t, m.h, m.inter), cfg.name(),
@@ -257,11 +264,12 @@ def main() -> None:
     gpu, peaks, versions = environment(torch, device)
     b = Bench(torch, device, gpu, peaks, args.out, args.warmup_ms, args.rep_ms, time.monotonic() + args.budget_s)
     b.log(f"bench_moe: {gpu} {versions} models={args.models} formats={args.formats}")
-    models, ts, check_ts = (MODELS, DECODE_T + PREFILL_T, CHECK_T) if b.cuda else (CPU_MODELS, CPU_T, CPU_CHECK_T)
+    models, ts, check_ts, sweep = (MODELS, DECODE_T + PREFILL_T, CHECK_T, SWEEP) if b.cuda else (CPU_MODELS, CPU_T, CPU_CHECK_T, CPU_SWEEP)
     t0, sweeps = time.monotonic(), []
     for name in args.models:
         for qfmt in args.formats:
-            sweeps.append(bench_model(b, models[name], qfmt, ts, check_ts, args.sweep and name == "gpt-oss-120b" and qfmt == "fp8-block"))
+            swept = sweep if args.sweep and name == "gpt-oss-120b" and qfmt == "fp8-block" else ()
+            sweeps.append(bench_model(b, models[name], qfmt, ts, check_ts, swept))
     for s in sweeps:
         if s is not None:
             s()

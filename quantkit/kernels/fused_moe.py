@@ -3,7 +3,8 @@ backend of the ``fused_moe`` op (arguments, layouts and numerics: :mod:`.fused_m
 
 One call, no host synchronisation and buffers sized by the shapes only (CUDA-graph safe):
 
-1. x [T, H] is quantized once per token (1x128 F32/UE8M0 or 1x32 E8M0, :mod:`.group_quant`);
+1. x [T, H] is quantized once per token (1x128 F32/UE8M0 or 1x32 E8M0, :mod:`.group_quant`),
+   or, for a few tokens (``fuse_quant``), by each GEMM program for its own rows, same bytes;
 2. :func:`.moe_routing.align` sorts the T*k (token, slot) pairs by expert into
    BLOCK_M-row blocks, each block one expert;
 3. GEMM 1 (:func:`_moe_gemm_kernel`, GATED): each program gathers its block's token rows, walks
@@ -12,8 +13,8 @@ One call, no host synchronisation and buffers sized by the shapes only (CUDA-gra
    with the DeepSeek per-sub-block promotion (fp8 dot times both scales into an f32
    accumulator) or, ``upcast`` (MX only, power-of-two scales), exact bf16 operands, adds the
    bias, rounds to x.dtype and applies the activation in the epilogue -> [T*k, I] in slot order;
-4. the intermediate is quantized per row like x; GEMM 2 (down [E, H, I] + bias, rounded to
-   x.dtype) writes [T*k, H];
+4. the intermediate is quantized per row like x (or inside GEMM 2); GEMM 2 (down [E, H, I]
+   + bias, rounded to x.dtype) writes [T*k, H];
 5. :func:`_combine_kernel`: out[t] = sum_j float32(y[t*k + j]) * w[t, j], a fixed-order
    reduction (no atomics: the result is the same bytes on every run).
 
@@ -142,7 +143,7 @@ def _quant_group(x, QMODE: tl.constexpr, RCEIL: tl.constexpr, HW_CAST: tl.conste
         sa = e8m0_decode(kexp + 127)  # the scale as the stored byte decodes (0xFF: NaN)
     else:
         s = fp8_block_scale(amax, QMODE == 2, RCEIL)
-        sa = s * 1.0001
+        sa = s
     v = divide(x, s[:, None], tl.math.div_rn(1.0, s)[:, None], QMODE != 1)
     return e4m3_code(v, v, False, HW_CAST).to(tl.float8e4nv, bitcast=True), sa
 

@@ -35,7 +35,7 @@ FORMATS = ("fp8-block", "mxfp8")
 ACTIVATIONS = ("silu", "gpt-oss")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds tensors: compared by identity
 class ExpertWeights:
     """Stacked expert weights, out x in: ``q`` E4M3 [E, N, K], ``scale``, optional ``bias`` [E, N]."""
 

@@ -159,7 +159,7 @@ def align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alig
     expert_ids = torch.empty(cap // block_m, dtype=torch.int32, device=ids.device)  # [cap / BM]
     num_padded = torch.empty(1, dtype=torch.int32, device=ids.device)
     e_p2 = triton.next_power_of_2(num_experts)  # masked entries read E_P2, which matches no column
-    chunk = max(16, min(triton.next_power_of_2(max(n, cap // block_m, 1)), 16384 // e_p2))
+    chunk = max(16, min(1024, 16384 // e_p2))  # [chunk, E_P2] compare tiles; one compile per E
     _align_kernel[(1,)](ids, sorted_ids, expert_ids, num_padded, n, cap, cap // block_m,
                         E=num_experts, E_P2=e_p2, CHUNK=chunk, BLOCK_M=block_m, num_warps=8)  # fmt: skip
     return Alignment(sorted_ids, expert_ids, num_padded, block_m)

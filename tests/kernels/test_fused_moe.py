@@ -269,43 +269,62 @@ def test_rejects_bad_inputs(gen):
 
 # ---- GPU ----------------------------------------------------------------------------------------
 
-def gpt_oss_case(fmt: str, t: int, e: int = 8):
+@pytest.fixture(scope="module", params=["fp8-block", "mxfp8"])
+def gpt_oss_experts(request) -> tuple[ExpertWeights, ExpertWeights]:
+    """GPT-OSS-120B expert shapes (H = I = 2880: K % 128 != 0) on 8 experts, quantized on the GPU."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def make(n: int, k: int) -> ExpertWeights:
+        w = torch.randn(8, n, k, device="cuda", generator=g) * 0.05
+        q, s = fp8_block.quantize_weight(w) if request.param == "fp8-block" else mxfp8.quantize(w)
+        return ExpertWeights(request.param, q, s, (torch.randn(8, n, device="cuda", generator=g) * 0.1).to(torch.bfloat16))
+
+    return make(5760, 2880), make(2880, 2880)
+
+
+def gpt_oss_tokens(t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(t)
-    w13, w2 = experts(fmt, e, 5760, 2880, g, True, "cuda"), experts(fmt, e, 2880, 2880, g, True, "cuda")
-    x = torch.randn(t, 2880, generator=g).to(torch.bfloat16).cuda()
-    w, ids = routed(t, 4, e, g, "cuda")
-    return x, w, ids, w13, w2
+    w, ids = routed(t, 4, 8, g, "cuda")
+    return torch.randn(t, 2880, generator=g).to(torch.bfloat16).cuda(), w, ids
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("fmt", ["fp8-block", "mxfp8"])
 @pytest.mark.parametrize("t", [1, 16, 128, 1000])
-def test_gpu_gpt_oss_shapes(fmt, t):
-    """GPT-OSS-120B expert shapes (K = 2880: masked tails) on 8 experts, each table config."""
-    x, w, ids, w13, w2 = gpt_oss_case(fmt, t)
+def test_gpu_gpt_oss_shapes(gpt_oss_experts, t):
+    """Compiled kernels vs the reference on the same GPU: the default config and every table config."""
+    w13, w2 = gpt_oss_experts
+    x, w, ids = gpt_oss_tokens(t)
     ref = fused_moe_ref(x, w, ids, w13, w2, GPT_OSS)
     assert dispatch.which("fused_moe", x.device) == "triton"
     out = dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS)
-    assert_moe_close(out, ref, f"gpt-oss {fmt} T={t}", 1e-2)
+    assert_moe_close(out, ref, f"gpt-oss {w13.fmt} T={t}", 1e-2)
     assert torch.equal(out, dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS)), "deterministic"
     for _, cfg in MOE_CONFIGS:
-        assert_moe_close(run_triton(x, w, ids, w13, w2, GPT_OSS, "cuda", cfg), ref, f"gpt-oss {fmt} T={t} {cfg.name()}", 1e-2)
+        cfg = MoeConfig(**{**cfg.__dict__, "upcast": cfg.upcast or (w13.fmt == "mxfp8" and cfg.block_m >= 64)})
+        assert_moe_close(run_triton(x, w, ids, w13, w2, GPT_OSS, "cuda", cfg), ref, f"gpt-oss {w13.fmt} T={t} {cfg.name()}", 1e-2)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-def test_gpu_cuda_graph_capture_replays_without_host_sync():
-    x, w, ids, w13, w2 = gpt_oss_case("fp8-block", 16)
-    eager = dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS)
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS)  # warm-up (compiles) outside the capture
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):  # a host sync inside raises here
-        out = dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS)
-    ids.copy_(ids.flip(0))  # new routing, same buffers
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS)) and not torch.equal(out, eager)
+def test_gpu_cuda_graph_capture_replays_without_host_sync(gpt_oss_experts):
+    w13, w2 = gpt_oss_experts
+    for t in (1, 16):  # fused quantization, then separate quantization kernels
+        x, w, ids = gpt_oss_tokens(t)
+        eager = dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS)  # compiles outside the capture
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # a host synchronisation inside raises here
+            out = dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+        ids.copy_(torch.roll(ids, 1, dims=1) if t == 1 else ids.flip(0))  # new routing, same buffers
+        w.copy_(w.flip(0) if t > 1 else w)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS))

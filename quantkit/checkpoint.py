@@ -22,13 +22,14 @@ import re
 import shutil
 import struct
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from . import __version__
+from .sink import Sink
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -286,25 +287,39 @@ def plan_shards(specs: Iterable[TensorSpec], max_shard_size: int) -> list[ShardP
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
-    t = t.detach().to("cpu").contiguous()
+    """The tensor's bytes, without a copy when it already is a contiguous CPU tensor."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    if not t.is_contiguous():
+        t = t.contiguous()
     return memoryview(t.view(torch.uint8).numpy()).cast("B") if t.numel() else memoryview(b"")
 
 
-def write_shard(path: Path, plan: ShardPlan, tensors: Iterator[torch.Tensor]) -> str:
-    """Stream ``tensors`` (in plan order) into ``path`` via ``path.part``; return the file's sha256."""
+SINK_MIN_BUDGET = 256 << 20  # owned bytes the writer threads may lag behind, at least
+
+
+def write_shard(path: Path, plan: ShardPlan, tensors: Iterator[torch.Tensor], borrowed: Collection[str] = ()) -> str:
+    """Stream ``tensors`` (in plan order) into ``path`` via ``path.part``; return the file's sha256.
+
+    Writing and hashing run in background threads (:class:`~quantkit.sink.Sink`) while the next
+    tensor is produced; the bytes and their order are the plan's, whatever the timing.
+    ``borrowed``: names of tensors that are views of mapped files (page cache, not process memory),
+    which may queue up freely; the others may lag by max(largest of them, SINK_MIN_BUDGET) bytes,
+    so memory stays within about twice the largest tensor."""
     h = hashlib.sha256()
     part = path.with_name(path.name + ".part")
+    owned = [s.nbytes for s in plan.specs if s.name not in borrowed]
     with open(part, "wb") as f:
-        head = plan.header()
-        f.write(head)
-        h.update(head)
-        for spec in plan.specs:
-            t = next(tensors)
-            if t.dtype != spec.dtype or tuple(t.shape) != spec.shape:
-                raise CheckpointError(f"{path.name}: tensor {spec.name!r} is {t.dtype}{tuple(t.shape)}, planned {spec.dtype}{spec.shape}")
-            b = tensor_bytes(t)
-            f.write(b)
-            h.update(b)
+        with Sink([f.write, h.update], budget=max([SINK_MIN_BUDGET, *owned])) as sink:
+            head = plan.header()
+            sink.put(head, len(head))
+            for spec in plan.specs:
+                t = next(tensors)
+                if t.dtype != spec.dtype or tuple(t.shape) != spec.shape:
+                    raise CheckpointError(f"{path.name}: tensor {spec.name!r} is {t.dtype}{tuple(t.shape)}, planned {spec.dtype}{spec.shape}")
+                sink.put(tensor_bytes(t), 0 if spec.name in borrowed else spec.nbytes)
+                del t
     os.replace(part, path)
     return h.hexdigest()
 

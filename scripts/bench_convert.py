@@ -10,7 +10,7 @@ random pools (BF16 normal values, MXFP4 code bytes, E8M0 scale bytes 118..127: c
 not depend on the values) at disk speed; ``--fill synth`` runs ``quantkit.synth.synthesize``.
 
 Per target: ``quantkit.converters.convert`` runs once; source GB/s = source tensor bytes / seconds,
-output GB/s = output tensor bytes / seconds, peak RssAnon = the largest growth in any process that
+output GB/s = output tensor bytes / seconds, CPU s = user + system seconds of every thread and worker process, peak RssAnon = the largest growth in any process that
 converted a shard.  The I/O floor is measured in the same run: read every source shard with plain
 ``read()`` calls plus write as many bytes as the output has with plain ``write()`` calls (no fsync,
 like the conversion); ``x floor`` = conversion seconds / floor seconds.  ``os.sync()`` runs before
@@ -93,22 +93,34 @@ def io_floor(src: Path, out_bytes: int, scratch: Path) -> float:
     return dt
 
 
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process (all threads) and its finished worker processes."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def run_target(src: Path, to: str, args: argparse.Namespace) -> dict:
     from quantkit.converters import ConvertOptions, convert
 
     dst = args.work / f"gpt-oss-20b-L{args.layers}-{to}"
     opts = ConvertOptions(to=to, device=args.device, workers=args.workers, force=True)
     os.sync()  # start each timing without another run's dirty pages in flight
+    cpu0 = cpu_seconds()
     rep = convert(src, dst, opts)
+    cpu = cpu_seconds() - cpu0
     os.sync()
+    fcpu0 = cpu_seconds()
     floor = io_floor(src, rep["output"]["bytes"], args.work / "floor.bin")
+    floor_cpu = cpu_seconds() - fcpu0
     peaks = [s["rss_anon_peak"] - s["rss_anon_base"] for s in rep["memory"]["shards"]]
     paths = ", ".join(f"{p} x{r['tensors']}" for p, r in sorted(rep["paths"].items()))
     if not args.keep:
         shutil.rmtree(dst)
     return {"target": to, "source_gb": rep["source"]["bytes"] / 1e9, "output_gb": rep["output"]["bytes"] / 1e9,
-            "seconds": rep["run"]["seconds"], "src_gbps": rep["throughput"]["source_gbps"], "out_gbps": rep["throughput"]["output_gbps"],
-            "peak_mib": max(peaks or [0]) / 2**20, "floor_s": floor, "x_floor": rep["run"]["seconds"] / floor, "paths": paths,
+            "seconds": rep["run"]["seconds"], "cpu_s": cpu, "src_gbps": rep["throughput"]["source_gbps"], "out_gbps": rep["throughput"]["output_gbps"],
+            "peak_mib": max(peaks or [0]) / 2**20, "floor_s": floor, "floor_cpu_s": floor_cpu, "x_floor": rep["run"]["seconds"] / floor, "paths": paths,
             "backends": ", ".join(sorted(set(rep["run"]["backends"].values())))}
 
 
@@ -132,11 +144,11 @@ def environment() -> dict[str, str]:
 
 
 def table(rows: list[dict]) -> list[str]:
-    out = ["| target | source GB | output GB | seconds | source GB/s | output GB/s | peak RssAnon MiB | I/O floor s | x floor | paths | backend |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| target | source GB | output GB | seconds | CPU s | source GB/s | output GB/s | peak RssAnon MiB | I/O floor s (CPU s) | x floor | paths | backend |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r['target']} | {r['source_gb']:.2f} | {r['output_gb']:.2f} | {r['seconds']:.1f} | {r['src_gbps']:.3f} | "
-                   f"{r['out_gbps']:.3f} | {r['peak_mib']:.0f} | {r['floor_s']:.1f} | {r['x_floor']:.1f} | {r['paths']} | {r['backends']} |")
+        out.append(f"| {r['target']} | {r['source_gb']:.2f} | {r['output_gb']:.2f} | {r['seconds']:.1f} | {r['cpu_s']:.1f} | {r['src_gbps']:.3f} | "
+                   f"{r['out_gbps']:.3f} | {r['peak_mib']:.0f} | {r['floor_s']:.1f} ({r['floor_cpu_s']:.1f}) | {r['x_floor']:.1f} | {r['paths']} | {r['backends']} |")
     return out
 
 
@@ -153,7 +165,7 @@ def report(rows: list[dict], args: argparse.Namespace) -> str:
              "Source / output GB/s = tensor bytes read / written per second of the whole conversion (planning, "
              "numerics, per-tensor fidelity, sha256, writing). I/O floor = plain read() of the source shards plus "
              "write() of as many bytes as the output has, measured in the same run; x floor = conversion time / floor "
-             "time. Peak RssAnon = largest growth of anonymous RSS in a process converting a shard (mmapped source "
+             "time; CPU s = user + system CPU seconds of the conversion, all threads and worker processes (on a shared machine the steadier figure). Peak RssAnon = largest growth of anonymous RSS in a process converting a shard (mmapped source "
              "pages excluded). Embeddings and lm_head (2 x 1.16 GB) are copies, so a cut depth flatters GB/s.", ""]
     return "\n".join(lines)
 

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import CheckpointError, CheckpointWriter, write_shard
+from ..checkpoint import DTYPES, CheckpointError, CheckpointWriter, write_shard
 from .memory import RssSampler
 from .ops import Ops
 from .plan import Plan
 from .source import Reader
-from .targets import Context, run_task
+from .targets import COPY_PATHS, Context, run_task
 
 FIDELITY_DIR = ".fidelity"
 
@@ -61,6 +61,18 @@ def shard_tensors(plan: Plan, index: int, reader: Reader, ctx: Context, fidelity
         del tensors
 
 
+def source_views(plan: Plan, index: int) -> set[str]:
+    """Outputs of shard ``index`` that are views of the mapped source: a copy's weight, where the
+    source offset is aligned (else Reader.view copies it).  Page cache, not process memory."""
+    views = set()
+    for ti in plan.shard_tasks(index):
+        task = plan.tasks[ti]
+        loc = plan.locs[task.item.source.tensors[0]]
+        if task.path in COPY_PATHS and loc.offset % DTYPES[loc.dtype].itemsize == 0:
+            views.add(task.outputs[0].name)
+    return views
+
+
 def convert_shard(plan: Plan, index: int, tmp: str, progress: Callable[[int], None] | None = None) -> ShardResult:
     """Write shard ``index`` of ``plan`` into the partial directory ``tmp``; return its digest."""
     t0 = time.perf_counter()
@@ -70,7 +82,8 @@ def convert_shard(plan: Plan, index: int, tmp: str, progress: Callable[[int], No
         ops = Ops(plan.options.device)
         ctx = _context(plan, ops, rss.sample)
         fidelity: dict[str, dict] = {}
-        digest = write_shard(Path(tmp) / shard.file, shard, shard_tensors(plan, index, reader, ctx, fidelity, progress or (lambda n: None)))
+        tensors = shard_tensors(plan, index, reader, ctx, fidelity, progress or (lambda n: None))
+        digest = write_shard(Path(tmp) / shard.file, shard, tensors, borrowed=source_views(plan, index))
         save_fidelity(Path(tmp), shard.file, fidelity)
         reader.close()
     return ShardResult(shard.file, digest, time.perf_counter() - t0, rss.base, rss.peak, ops.backends())

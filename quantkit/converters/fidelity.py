@@ -18,13 +18,17 @@ import numpy as np
 import torch
 
 
-def _sumsq(t: torch.Tensor) -> float:
+def _sumsq(t: torch.Tensor) -> float | torch.Tensor:
     """sum(t**2) for float32 t: squares in float32, summed in float64 by numpy (pairwise, buffered, one thread);
-    on a GPU by torch in float64 (a fixed kernel order for a given shape)."""
+    on a GPU by torch in float64 (a fixed kernel order for a given shape), left on the device (no sync)."""
     if t.device.type != "cpu":
-        return float(t.double().square().sum())
+        return t.double().square().sum()
     a = t.detach().reshape(-1).numpy()
     return float(np.sum(np.square(a), dtype=np.float64))
+
+
+def _finite(*xs: torch.Tensor) -> bool:
+    return all(math.isfinite(float(x)) for x in xs)
 
 
 def _num(x: float) -> float | str:
@@ -32,27 +36,51 @@ def _num(x: float) -> float | str:
     return float(f"{x:.6g}") if math.isfinite(x) else str(x)
 
 
+def _equal(ref: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    return (out == ref) | (out.isnan() & ref.isnan())
+
+
 @dataclass
 class Fidelity:
     numel: int = 0
-    exact: int = 0
-    max_abs: float = 0.0
-    sse: list[float] = field(default_factory=list)
-    ssr: list[float] = field(default_factory=list)
+    exact: int | torch.Tensor = 0  # 0-d device tensors while accumulating on a GPU
+    max_abs: float | torch.Tensor = 0.0
+    sse: list = field(default_factory=list)
+    ssr: list = field(default_factory=list)
 
     def add(self, ref: torch.Tensor, out: torch.Tensor) -> None:
         ref, out = ref.float().contiguous(), out.float().contiguous()
-        d = out - ref  # finite a, b: a - b == 0 exactly when a == b (IEEE, no flush to zero on CPU)
-        if not bool(torch.isfinite(d).all()):  # inf - inf, NaN: decide equality elementwise
-            eq = (out == ref) | (out.isnan() & ref.isnan())
-            d = torch.where(eq, torch.zeros_like(d), d)
         self.numel += ref.numel()
-        self.exact += int((d == 0).sum())
-        if d.numel():
+        if not ref.numel():
+            return
+        if ref.device.type != "cpu":
+            self._add_device(ref, out)
+            return
+        d = out - ref  # finite a, b: a - b == 0 exactly when a == b (IEEE, no flush to zero on CPU)
+        lo, hi = torch.aminmax(d)  # NaN propagates: both finite <=> every difference is finite
+        if not _finite(lo, hi):  # inf - inf, NaN: decide equality elementwise
+            d = torch.where(_equal(ref, out), torch.zeros_like(d), d)
             lo, hi = torch.aminmax(d)
-            self.max_abs = max(self.max_abs, -float(lo), float(hi))
+        self.exact += int(np.count_nonzero(d.numpy() == 0))  # numpy: vectorised, unlike torch.count_nonzero on CPU
+        self.max_abs = max(self.max_abs, -float(lo), float(hi))
         self.sse.append(_sumsq(d))
         self.ssr.append(_sumsq(ref))
+
+    def _add_device(self, ref: torch.Tensor, out: torch.Tensor) -> None:
+        """The same figures as 0-d device tensors: nothing waits for the device until :meth:`record`."""
+        d = torch.where(_equal(ref, out), torch.zeros_like(ref), out - ref)
+        self.exact += d.numel() - torch.count_nonzero(d)
+        m = d.abs().amax()
+        self.max_abs = torch.maximum(m, torch.as_tensor(self.max_abs, device=m.device)) if isinstance(self.max_abs, float) else torch.maximum(self.max_abs, m)
+        self.sse.append(_sumsq(d))
+        self.ssr.append(_sumsq(ref))
+
+    def settle(self) -> None:
+        """Device figures -> Python numbers (one sync per tensor)."""
+        self.exact = int(self.exact)
+        self.max_abs = float(self.max_abs)
+        self.sse = [float(x) for x in self.sse]
+        self.ssr = [float(x) for x in self.ssr]
 
     @classmethod
     def identical(cls, numel: int) -> "Fidelity":
@@ -60,12 +88,14 @@ class Fidelity:
         return cls(numel=numel, exact=numel)
 
     def rel_err(self) -> float:
+        self.settle()
         sse, ssr = math.fsum(self.sse), math.fsum(self.ssr)
         if sse == 0:
             return 0.0
         return math.sqrt(sse / ssr) if ssr > 0 else math.inf
 
     def record(self, path: str, exact_path: bool) -> dict:
+        self.settle()
         return {
             "path": path,
             "exact_path": exact_path,

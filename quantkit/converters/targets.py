@@ -24,6 +24,7 @@ from .ops import Ops
 from .plan import EXACT_PATHS, Task
 from .source import Reader
 
+COPY_PATHS = ("copy", "copy-fp8-block")  # outputs are views of the source, nothing computed
 Step = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -46,6 +47,18 @@ def round_bf16(x: torch.Tensor, r: Rounding) -> torch.Tensor:
     add = (uniform(r, x.shape, x.device) * 65536).to(torch.int32)
     out = ((bits + add) & ~0xFFFF).view(torch.float32)
     return torch.where(torch.isfinite(x), out, x).to(torch.bfloat16)
+
+
+def put(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """A chunk into its place in a (CPU) output; from a GPU asynchronously into pinned memory
+    (:func:`run_task` synchronizes before the output is handed on)."""
+    dst.copy_(src, non_blocking=src.device.type != "cpu")
+
+
+def outputs(task: Task, device: torch.device) -> list[torch.Tensor]:
+    """The task's outputs, allocated once at their final size (pinned when a GPU computes them)."""
+    pin = device.type == "cuda"
+    return [torch.empty(s.shape, dtype=s.dtype, pin_memory=pin) for s in task.outputs]
 
 
 def bands(extent: int, width: int, chunk: int) -> list[tuple[int, int]]:
@@ -75,10 +88,10 @@ def quant_step(task: Task, dec: Decoder, out: list[torch.Tensor], ctx: Context, 
         rr = r.at((l * n + a) * k)
         if task.target == "fp8-block":
             q, sc = ctx.ops.fp8_block(x, ctx.scale_fmt or "float", ctx.rule, rr)
-            w[l, a:b], s[l, a // TILE : cdiv(b, TILE)] = q, sc
+            put(w[l, a:b], q), put(s[l, a // TILE : cdiv(b, TILE)], sc)
             return x, ctx.ops.fp8_dequant(q, sc)
         q, sc = ctx.ops.mxfp8(x, ctx.rule, rr)
-        w[l, a:b], s[l, a:b] = q, sc
+        put(w[l, a:b], q), put(s[l, a:b], sc)
         return x, ctx.ops.mxfp8_dequant(q, sc)
 
     return step
@@ -91,12 +104,12 @@ def exact_mx_step(task: Task, dec: Decoder, out: list[torch.Tensor], ops: Ops) -
     def step(l: int, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         enc, sc = dec.raw_rows(l, a, b)
         if dec.kind == "mxfp4":
-            q, e = exact.mxfp4_to_mxfp8(enc, sc)
+            q, e = ops.mxfp4_to_mxfp8(enc, sc)
             ref = ops.mxfp4_decode(enc, sc)
         else:
             q, e = exact.fp8_block_pow2_to_mxfp8(enc, sc)
             ref = ops.fp8_dequant(enc, sc)
-        w[l, a:b], s[l, a:b] = q, e
+        put(w[l, a:b], q), put(s[l, a:b], e)
         return ref, ops.mxfp8_dequant(q, e)
 
     return step
@@ -110,7 +123,7 @@ def bf16_step(task: Task, dec: Decoder, out: list[torch.Tensor], r: Rounding) ->
         def step_t(l: int, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
             x = dec.cols(l, a, b).T.contiguous()
             y = round_bf16(x, r.at((l * k + a) * n))
-            w[l, a:b] = y
+            put(w[l, a:b], y)
             return x, y
 
         return step_t
@@ -119,7 +132,7 @@ def bf16_step(task: Task, dec: Decoder, out: list[torch.Tensor], r: Rounding) ->
     def step(l: int, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         x = dec.rows(l, a, b)
         y = round_bf16(x, r.at((l * n + a) * k))
-        w[l, a:b] = y
+        put(w[l, a:b], y)
         return x, y
 
     return step
@@ -133,13 +146,13 @@ def resolve_path(task: Task, dec: Decoder) -> str:
 
 def run_task(task: Task, reader: Reader, ctx: Context, want: bool) -> tuple[dict[str, torch.Tensor], dict | None]:
     """All outputs of ``task`` (name -> tensor) and, when ``want``, its fidelity record."""
-    if task.path in ("copy", "copy-fp8-block"):
+    if task.path in COPY_PATHS:
         return copy_task(task, reader, ctx)
     dec = Decoder(reader, task.item, ctx.ops)
     path = resolve_path(task, dec)
     exact_path = path in EXACT_PATHS or path == "fp8-block(ue8m0)->mxfp8"
     r = NEAREST if exact_path else ctx.rounding.for_tensor(task.outputs[0].name)
-    out = [torch.empty(s.shape, dtype=s.dtype) for s in task.outputs]
+    out = outputs(task, ctx.ops.device)
     if path in ("mxfp4->mxfp8", "fp8-block(ue8m0)->mxfp8"):
         step = exact_mx_step(task, dec, out, ctx.ops)
     elif task.target in ("fp8-block", "mxfp8"):
@@ -149,12 +162,16 @@ def run_task(task: Task, reader: Reader, ctx: Context, want: bool) -> tuple[dict
     fid = Fidelity()
     n, k = task.item.shape[-2:]
     extent, width = (k, n) if task.transposed_out else (n, k)
+    on_cpu = ctx.ops.device.type == "cpu"
     for l in range(lead(task.item.shape)):
         for a, b in bands(extent, width, ctx.chunk_elements):
             ref, got = step(l, a, b)
-            if want:
+            if want:  # on a GPU: queued kernels, nothing waits until fid.settle()
                 fid.add(ref, got)
             ctx.tick()
+    if not on_cpu:
+        torch.cuda.current_stream(ctx.ops.device).synchronize()  # the non_blocking copies into `out` have landed
+    fid.settle()
     if want and exact_path and fid.exact != fid.numel:
         raise CheckpointError(f"{task.item.name}: the exact path {path} changed {fid.numel - fid.exact} of {fid.numel} elements (max abs {fid.max_abs:g})")
     return {s.name: t for s, t in zip(task.outputs, out)}, fid.record(path, exact_path) if want else None

@@ -13,8 +13,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
+
+
+@dataclass(frozen=True, eq=False)
+class AttnMeta:
+    """A step's index tensors as the attention ops take them (on the batch's device)."""
+
+    cu_seqlens_q: torch.Tensor  # int32 [B+1]
+    cu_seqlens_k: torch.Tensor  # int32 [B+1]: keys per sequence (the cache context, or the new tokens)
+    context_lens: torch.Tensor | None  # int32 [B] with a cache
+    max_seqlen_q: int
+    decode: bool  # a cached step of one new token per sequence
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,29 @@ class Batch:
         blocks = self.block_tables[b, :nb]
         offs = torch.arange(self.block_size, device=blocks.device)
         return (blocks[:, None] * self.block_size + offs).flatten()[:n]
+
+    @cached_property
+    def attn(self) -> AttnMeta:
+        """Index tensors of the attention ops (cached on the batch: one step, many layers)."""
+        dev = self.positions.device
+        cu_q = torch.tensor(self.cu_seqlens, dtype=torch.int32, device=dev)
+        lens = [e - s for s, e in self.segments()]
+        if self.context_lens is None:
+            self._check_consecutive()
+            return AttnMeta(cu_q, cu_q, None, max(lens), False)
+        cu_k = [0]
+        for n in self.context_lens:
+            cu_k.append(cu_k[-1] + n)
+        ctx = torch.tensor(self.context_lens, dtype=torch.int32, device=dev)
+        cu_k_t = torch.tensor(cu_k, dtype=torch.int32, device=dev)
+        return AttnMeta(cu_q, cu_k_t, ctx, max(lens), max(lens) == 1)
+
+    def _check_consecutive(self) -> None:
+        step = self.positions[1:] - self.positions[:-1]
+        inner = torch.ones_like(step, dtype=torch.bool)
+        inner[[e - 1 for _, e in self.segments()[:-1]]] = False  # across a sequence boundary anything goes
+        if bool((step[inner] != 1).any()):
+            raise ValueError("positions of a sequence must be consecutive (each sequence's keys sit at consecutive positions)")
 
     def check(self, input_ids: torch.Tensor) -> None:
         if input_ids.dim() != 1 or input_ids.shape[0] != self.num_tokens or self.positions.shape != input_ids.shape:

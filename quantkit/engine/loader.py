@@ -5,6 +5,13 @@ its tensors (:mod:`.weights`); config.json's ``quantization_config`` and quantki
 say how activations are quantized at serve time (:class:`.weights.QuantScheme`).  With
 ``act_quant=False`` activations stay unquantized: the source model's numerics with weights
 dequantized (what transformers computes when it dequantizes an FP8/MXFP4 checkpoint).
+
+Every quantized linear, MoE and attention layer calls its ops through one
+:class:`~quantkit.kernels.dispatch.Dispatcher`, ``model.ops``: ``backend="auto"`` runs the fastest
+available backend per op (Triton / cuBLAS on CUDA; the torch references on a CPU, so CPU numerics
+are the references'), ``backend="torch"`` the references everywhere (what eval compares against),
+``per_op`` overrides single ops (e.g. ``{"fused_moe": "torch"}``); ``model.ops.ran`` names the
+backend each op last ran on.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import torch
 
 from .. import families
 from ..checkpoint import MANIFEST, Checkpoint, CheckpointError
+from ..kernels.dispatch import AUTO, Dispatcher
 from .model import CausalLM
 from .models import MODELS
 from .weights import QuantScheme, Weights
@@ -27,6 +35,8 @@ def load(
     dtype: torch.dtype = torch.bfloat16,
     *,
     act_quant: bool = True,
+    backend: str = AUTO,
+    per_op: dict[str, str] | None = None,
 ) -> CausalLM:
     """Build the engine model of the checkpoint at ``path``; ``dtype`` is the activation/compute dtype."""
     ckpt = Checkpoint(path)
@@ -35,9 +45,10 @@ def load(
     family = families.detect(ckpt.config, str(ckpt.root / "config.json"))
     manifest_path = ckpt.root / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    w = Weights(ckpt, device, dtype, QuantScheme.from_config(ckpt.config, manifest, act_quant))
+    ops = Dispatcher(backend, dict(per_op or {}))
+    w = Weights(ckpt, device, dtype, QuantScheme.from_config(ckpt.config, manifest, act_quant), ops)
     with torch.no_grad():
         model = MODELS[family.name](ckpt.config, w)
     w.check_all_used()
-    model.ops = w.ops  # the dispatcher every weight calls: model.ops.ran names the backend of each op
+    model.ops = ops  # the dispatcher every layer calls: model.ops.ran names the backend of each op
     return model.eval()

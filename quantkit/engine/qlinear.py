@@ -10,14 +10,20 @@ A weight is a small module holding its packed buffers (gpt-fast style), out x in
 | ``mxfp8``   | ``q`` F8_E4M3 [.., N, K] + ``scale`` U8 E8M0 [.., N, K/32] | E4M3 per token per 32 channels, E8M0     |
 | ``mxfp4``   | ``blocks`` U8 [.., N, K/32, 16] + ``scales`` U8 [.., N, K/32] (GPT-OSS) | none (GPT-OSS serves MXFP4 as w4a16) |
 
-Numerics of the reference path (the spec every kernel reproduces): the activation is quantized
-dynamically and dequantized (:mod:`quantkit.formats`), the weight is dequantized, and the product
+Numerics (the spec every kernel reproduces): the activation is quantized dynamically and
+dequantized (:mod:`quantkit.formats`), the weight is dequantized, and the product
 ``x_dq @ w_dq.T`` (+ bias) is computed in float32, then cast to the activation dtype.  This is
 DeepSeek's fp8_gemm (per-tile f32 partial sums times both scales) up to f32 summation order.
 
-Every op runs through a :class:`quantkit.kernels.dispatch.Dispatcher` (the weight's ``ops``; the
-loader gives all weights of a model one, so ``model.ops.ran`` says which backend ran each op): the
-formats reference on CPU, faster registered backends (Triton, cuBLAS) on GPUs.
+Ops per weight (each through a :class:`quantkit.kernels.dispatch.Dispatcher`, the weight's
+``ops``; the loader gives all weights of a model one, so ``model.ops.ran`` says which backend ran
+each op -- the formats references on CPU, Triton / cuBLAS on GPUs):
+
+| weight                          | ops                                                            |
+|---------------------------------|----------------------------------------------------------------|
+| fp8-block / mxfp8, ``act`` set  | ``act_quant_fp8_block`` / ``act_quant_mxfp8``, then ``gemm_fp8_block`` / ``gemm_mxfp8`` |
+| fp8-block / mxfp8, ``act`` None | ``fp8_block_dequant`` / ``mxfp8_dequant``, then a float32 matmul |
+| mxfp4 (w4a16), dense            | ``mxfp4_decode`` (dense: none), then a float32 matmul            |
 """
 
 from __future__ import annotations
@@ -57,6 +63,8 @@ class QWeight(nn.Module):
             raise ValueError(f"{self.fmt} weight: at most one stacking dim (experts), got {lead} x {shape}")
         self.shape = (int(shape[0]), int(shape[1]))
         self.num_experts = int(lead[0]) if lead else None
+        if act is not None and act.kind != self.fmt:
+            raise ValueError(f"{self.fmt} weight: activations quantized as {act.kind} have no GEMM with it")
         self.act = act
 
     def dequant(self, expert: int | None = None) -> torch.Tensor:
@@ -97,6 +105,10 @@ class Fp8Block(QWeight):
     def dequant(self, expert: int | None = None) -> torch.Tensor:
         return self.ops.call("fp8_block_dequant", _sel(self.q, expert), _sel(self.scale_inv, expert))
 
+    def packed(self, expert: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(E4M3 [N, K], F32 scale_inv [ceil(N/128), ceil(K/128)]) as the GEMM op takes them."""
+        return _sel(self.q, expert), _sel(self.scale_inv, expert)
+
 
 class Mxfp8(QWeight):
     fmt = "mxfp8"
@@ -111,6 +123,10 @@ class Mxfp8(QWeight):
 
     def dequant(self, expert: int | None = None) -> torch.Tensor:
         return self.ops.call("mxfp8_dequant", _sel(self.q, expert), _sel(self.scale, expert))
+
+    def packed(self, expert: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(E4M3 [N, K], U8 E8M0 [N, K/32]) as the GEMM op takes them."""
+        return _sel(self.q, expert), _sel(self.scale, expert)
 
 
 class Mxfp4(QWeight):
@@ -127,24 +143,25 @@ class Mxfp4(QWeight):
         return self.ops.call("mxfp4_decode", _sel(self.blocks, expert), _sel(self.scales, expert), torch.float32)
 
 
-def quantize_input(x: torch.Tensor, act: ActQuant | None, ops: Dispatcher) -> torch.Tensor:
-    """The activation as the GEMM sees it, float32: dynamically quantized, then dequantized."""
-    if act is None:
-        return x.to(torch.float32)
+GEMM_OPS = {"fp8-block": "gemm_fp8_block", "mxfp8": "gemm_mxfp8"}
+
+
+def quantize_act(x: torch.Tensor, act: ActQuant, ops: Dispatcher) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic activation quantization: (E4M3 [..., K], F32 [..., ceil(K/128)] or U8 E8M0 [..., K/32])."""
     if act.kind == "fp8-block":
-        return fp8_block.dequantize_act(*ops.call("act_quant_fp8_block", x, act.scale_fmt, act.rule))
-    if act.kind == "mxfp8":
-        return ops.call("mxfp8_dequant", *ops.call("act_quant_mxfp8", x, act.rule))
-    raise AssertionError(act.kind)  # ActQuant validates its kind
+        return ops.call("act_quant_fp8_block", x, act.scale_fmt, act.rule)
+    return ops.call("act_quant_mxfp8", x, act.rule)
 
 
 def linear(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None, expert: int | None = None) -> torch.Tensor:
-    """y = x @ W.T (+ bias) for x [..., K] and one (expert's) weight [N, K]; float32 products."""
+    """y = x @ W.T (+ bias) for x [..., K] and one (expert's) weight [N, K]; float32 products, out in x.dtype."""
     if x.shape[-1] != w.shape[1]:
         raise ValueError(f"linear: input has {x.shape[-1]} features, weight {w.fmt} is {w.shape} (out x in)")
-    xq = quantize_input(x, w.act, w.ops)
-    b = None if bias is None else _sel(bias, expert).to(torch.float32)
-    y = torch.nn.functional.linear(xq, w.dequant(expert), b)
+    b = None if bias is None else _sel(bias, expert)
+    if w.act is not None:  # fp8-block / mxfp8 (QWeight checks act.kind == fmt): the block-scaled GEMM op
+        a, s = quantize_act(x.contiguous(), w.act, w.ops)
+        return w.ops.call(GEMM_OPS[w.fmt], a, s, *w.packed(expert), b, x.dtype)
+    y = torch.nn.functional.linear(x.to(torch.float32), w.dequant(expert), None if b is None else b.to(torch.float32))
     return y.to(x.dtype)
 
 

@@ -62,10 +62,10 @@ class QuantScheme:
 
 
 class Weights:
-    def __init__(self, ckpt: Checkpoint, device: torch.device | str, dtype: torch.dtype, scheme: QuantScheme) -> None:
+    def __init__(self, ckpt: Checkpoint, device: torch.device | str, dtype: torch.dtype, scheme: QuantScheme, ops: Dispatcher | None = None) -> None:
         self.ckpt, self.device, self.dtype, self.scheme = ckpt, torch.device(device), dtype, scheme
         self.used: set[str] = set()
-        self.ops = Dispatcher()  # shared by every weight of the model: records which backend ran each op
+        self.ops = ops if ops is not None else Dispatcher()  # shared by every layer of the model: records which backend ran each op
 
     def has(self, name: str) -> bool:
         return name in self.ckpt

@@ -119,4 +119,12 @@ def test_dispatcher_records_backends(gen: torch.Generator) -> None:
     x, w = _data(gen, 2)
     weight = Fp8Block(*fp8_block.quantize_weight(w), FP8)
     linear(x, weight)
-    assert weight.ops.ran == {"act_quant_fp8_block": "torch", "fp8_block_dequant": "torch"}
+    assert weight.ops.ran == {"act_quant_fp8_block": "torch", "gemm_fp8_block": "torch"}  # act_quant + GEMM, no dequant
+    mx = Mxfp8(*mxfp8.quantize(w), MX)
+    linear(x, mx)
+    assert mx.ops.ran == {"act_quant_mxfp8": "torch", "gemm_mxfp8": "torch"}
+    plain = Fp8Block(*fp8_block.quantize_weight(w), None)  # unquantized activations: dequantize + f32 matmul
+    linear(x, plain)
+    assert plain.ops.ran == {"fp8_block_dequant": "torch"}
+    with pytest.raises(ValueError, match="no GEMM"):
+        Fp8Block(*fp8_block.quantize_weight(w), MX)

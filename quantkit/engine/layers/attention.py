@@ -1,14 +1,18 @@
-"""Attention: the reference softmax(q k^T * scale) v with per-head sinks and sliding windows, and
-the GQA attention layer of GPT-OSS and Qwen3.
+"""Attention: the GQA attention layer of GPT-OSS and Qwen3, and :func:`attend_batch`, which runs
+the attention ops (:mod:`quantkit.kernels.attention`) over a :class:`Batch` for it and for MLA.
 
 Masking is by position: query at position p sees keys at positions j <= p, and with a sliding
 window W only j > p - W (transformers ``sliding_window_overlay``; GPT-OSS W=128 means keys
 p-127..p, FlashInfer window_left=127).  Sinks (GPT-OSS, transformers ``eager_attention_forward``):
 one logit per head joins the softmax denominator (after subtracting the row max, unscaled) and
-its probability is dropped.  Scores, softmax and the weighted sum run in float32.
+its probability is dropped.  Scores, softmax and the weighted sum run in float32 (the ops' torch
+reference :func:`attend`, which the Triton / FlashInfer backends are tested against).
 
-The layers loop over the sequences of a :class:`Batch` (this is the reference path; a paged
-attention kernel replaces :func:`attend_batch` later with the same inputs).
+Which op runs: with a KV cache whose entries are the keys and values themselves (GQA),
+``attention_decode`` (one new token per sequence) or ``attention_prefill`` over the paged cache
+(block tables); otherwise (no cache, or MLA's cached latents, expanded per sequence)
+``attention_prefill`` over ragged keys.  Keys sit at consecutive positions, queries are the last
+ones (bottom-right aligned), as :class:`Batch` lays them out.
 """
 
 from __future__ import annotations
@@ -18,12 +22,28 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ...kernels.attention import attend  # the torch twin the attention kernels are tested against
+from ...kernels.attention import attend  # noqa: F401  (re-exported: the reference the layer tests use)
+from ...kernels.dispatch import Dispatcher
 from ..batch import Batch
 from ..kv_cache import KVCache
 from ..qlinear import Linear
 from .norm import RMSNorm
 from .rope import Rope
+
+Expand = Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _ragged_kv(layer: int, batch: Batch, cache: KVCache | None, new: dict[str, torch.Tensor], expand: Expand | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sequence's keys and values, concatenated: (k [Tk, Hkv, D], v [Tk, Hkv, Dv])."""
+    if expand is None and cache is None:
+        return new["k"], new["v"]
+    ks, vs = [], []
+    for b, (s, e) in enumerate(batch.segments()):  # expanded per sequence (MLA: kv_b_proj over its latents)
+        ctx = {n: t[s:e] for n, t in new.items()} if cache is None else cache.read(layer, batch.context_slots(b))
+        k, v = expand(ctx) if expand is not None else (ctx["k"], ctx["v"])
+        ks.append(k)
+        vs.append(v)
+    return torch.cat(ks), torch.cat(vs)
 
 
 def attend_batch(
@@ -32,27 +52,35 @@ def attend_batch(
     cache: KVCache | None,
     q: torch.Tensor,
     new: dict[str, torch.Tensor],
-    expand: Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]],
-    **kw,
+    expand: Expand | None,
+    *,
+    scale: float,
+    sinks: torch.Tensor | None = None,
+    window: int | None = None,
+    ops: Dispatcher | None = None,
 ) -> torch.Tensor:
     """Write this step's per-token cache entries ``new``, then attend each sequence to its context.
 
-    ``expand`` turns a sequence's cached entries into (k, v) [m, Hkv, D]; the result is [T, Hq, Dv] in q's dtype.
+    ``expand`` turns cached (or new) entries into (k, v) [m, Hkv, D|Dv]; None means the entries
+    are ``k`` and ``v`` themselves, read in place from the paged cache.  ``ops``: the model's
+    dispatcher (default: a fresh one, backend auto).  Returns [T, Hq, Dv] in q's dtype.
     """
+    ops = ops if ops is not None else Dispatcher()
     if cache is not None:
         if not batch.uses_cache:
             raise ValueError("a KV cache was given but the batch has no slots: build it with KVCache.schedule")
         cache.write(layer, batch.slot_mapping, new)
-    out = []
-    for b, (s, e) in enumerate(batch.segments()):
-        if cache is None:
-            ctx, k_pos = {n: t[s:e] for n, t in new.items()}, batch.positions[s:e]
-        else:
-            slots = batch.context_slots(b)
-            ctx, k_pos = cache.read(layer, slots), torch.arange(slots.shape[0], device=q.device)
-        k, v = expand(ctx)
-        out.append(attend(q[s:e], k, v, batch.positions[s:e], k_pos, **kw))
-    return torch.cat(out).to(q.dtype)
+    m = batch.attn
+    if cache is not None and expand is None:
+        k, v = cache.layers[layer]["k"], cache.layers[layer]["v"]  # [slots, Hkv, D]
+        if m.decode:
+            return ops.call("attention_decode", q, k, v, batch.block_tables, m.context_lens, batch.block_size, scale, sinks, window)
+        return ops.call(
+            "attention_prefill", q, k, v, m.cu_seqlens_q, m.cu_seqlens_k, scale, sinks, window,
+            batch.block_tables, batch.block_size, m.max_seqlen_q,
+        )  # fmt: skip
+    k, v = _ragged_kv(layer, batch, cache, new, expand)
+    return ops.call("attention_prefill", q, k, v, m.cu_seqlens_q, m.cu_seqlens_k, scale, sinks, window, max_seqlen_q=m.max_seqlen_q)
 
 
 class Attention(nn.Module):
@@ -75,6 +103,7 @@ class Attention(nn.Module):
         window: int | None = None,
         q_norm: RMSNorm | None = None,
         k_norm: RMSNorm | None = None,
+        ops: Dispatcher | None = None,
     ) -> None:
         super().__init__()
         self.layer = layer
@@ -85,6 +114,7 @@ class Attention(nn.Module):
         self.window = window
         self.q_norm, self.k_norm = q_norm, k_norm
         self.scale = head_dim**-0.5
+        self.ops = ops if ops is not None else Dispatcher()
 
     def cache_spec(self) -> dict[str, tuple[int, ...]]:
         return {"k": (self.num_kv_heads, self.head_dim), "v": (self.num_kv_heads, self.head_dim)}
@@ -97,8 +127,5 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rope(q, batch.positions), self.rope(k, batch.positions)
-        o = attend_batch(
-            self.layer, batch, cache, q, {"k": k, "v": v}, lambda c: (c["k"], c["v"]),
-            scale=self.scale, sinks=self.sinks, window=self.window,
-        )
+        o = attend_batch(self.layer, batch, cache, q, {"k": k, "v": v}, None, scale=self.scale, sinks=self.sinks, window=self.window, ops=self.ops)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))

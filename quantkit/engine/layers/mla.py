@@ -5,7 +5,7 @@ q_nope [qk_nope_head_dim] | q_rot [qk_rope_head_dim].  kv_a_proj_with_mqa(x) = l
 [kv_lora_rank] | k_rot [qk_rope_head_dim] (one rotary key shared by all heads); the latent is
 RMS-normed (eps 1e-6 in both references) and cached with the rotated k_rot.  Each step expands the
 cached latents of a sequence through kv_b_proj into per-head k_nope [qk_nope] | v [v_head_dim]
-("naive" MLA); key = k_nope | k_rot.  Softmax scale: :func:`rope.mla_softmax_scale`.
+("naive" MLA); key = k_nope | k_rot; the ``attention_prefill`` op runs over those ragged keys.  Softmax scale: :func:`rope.mla_softmax_scale`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...kernels.dispatch import Dispatcher
 from ..batch import Batch
 from ..kv_cache import KVCache
 from ..qlinear import Linear
@@ -41,6 +42,7 @@ class MLA(nn.Module):
         v_head_dim: int,
         kv_lora_rank: int,
         scale: float,
+        ops: Dispatcher | None = None,
     ) -> None:
         super().__init__()
         if (q_proj is None) == (q_b_proj is None):
@@ -52,6 +54,7 @@ class MLA(nn.Module):
         self.num_heads = num_heads
         self.nope, self.rope_dim, self.v_dim, self.rank = qk_nope_head_dim, qk_rope_head_dim, v_head_dim, kv_lora_rank
         self.scale = scale
+        self.ops = ops if ops is not None else Dispatcher()
 
     def cache_spec(self) -> dict[str, tuple[int, ...]]:
         return {"kv": (self.rank,), "k_rot": (self.rope_dim,)}
@@ -76,5 +79,5 @@ class MLA(nn.Module):
         latent = self.kv_a_norm(latent)
         q = torch.cat((q_nope, self.rope(q_rot, batch.positions)), dim=-1)
         k_rot = self.rope(k_rot[:, None, :], batch.positions)[:, 0]
-        o = attend_batch(self.layer, batch, cache, q, {"kv": latent, "k_rot": k_rot}, self._expand, scale=self.scale)
+        o = attend_batch(self.layer, batch, cache, q, {"kv": latent, "k_rot": k_rot}, self._expand, scale=self.scale, ops=self.ops)
         return self.o_proj(o.reshape(t, self.num_heads * self.v_dim))

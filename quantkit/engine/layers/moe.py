@@ -14,6 +14,15 @@ DeepseekV3TopkRouter, which this follows call for call so ties break the same wa
 Experts hold stacked packed weights [E, out, in].  GPT-OSS fuses gate and up INTERLEAVED (row 2j
 gate, 2j+1 up) with biases and the clamped SwiGLU (up + 1) * g * sigmoid(alpha * g), g = min(gate,
 limit), up clamped to [-limit, limit]; per-expert families have separate gate/up and SiLU.
+
+Compute: fp8-block and mxfp8 experts with dynamic activation quantization run the ``fused_moe``
+op (:mod:`quantkit.kernels.fused_moe_ref` is its torch reference, step for step the per-expert
+loop here).  Its :class:`ExpertWeights` are built once at load from the packed buffers: GPT-OSS's
+interleaved gate_up [E, 2I, H] (+ biases) as is; DeepSeek/Qwen gate and up stacked as
+[E, 2I, H] = [gate | up] (``stack_gate_up``; the gate and up weights then become views of it, so
+nothing is held twice).  Other experts (dense, MXFP4 w4a16, unquantized activations, fp8-block
+with I % 128 != 0, where a 128-row tile would straddle gate and up) run the per-expert loop of
+quantized linears; ``Experts.path`` says which and why.
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ...kernels.fused_moe_ref import FORMATS as FUSED_FORMATS
+from ...kernels.fused_moe_ref import ExpertWeights, MoeSpec, stack_gate_up
 from ..qlinear import QWeight, linear
 
 RULES = ("topk_softmax", "softmax_topk", "grouped_sigmoid")
@@ -104,6 +115,31 @@ class Experts(nn.Module):
         self.register_buffer("down_bias", down_bias)
         self.activation, self.alpha, self.limit = activation, alpha, limit
         self.num_experts = down.num_experts
+        self.ops = down.ops
+        self.fused, self.path = self._fuse()
+
+    def _fuse(self) -> tuple[tuple[ExpertWeights, ExpertWeights, MoeSpec] | None, str]:
+        """(w13, w2, spec) of the fused_moe op, or None and why the per-expert loop runs instead."""
+        ws = [w for w in (self.gate_up, self.gate, self.up, self.down) if w is not None]
+        fmts, acts = {w.fmt for w in ws}, {w.act for w in ws}
+        if len(fmts) != 1 or not fmts <= set(FUSED_FORMATS):
+            return None, f"per-expert loop: {'/'.join(sorted(fmts))} experts have no fused_moe"
+        if len(acts) != 1 or None in acts:
+            return None, "per-expert loop: activations are not quantized (or not alike) in every expert projection"
+        fmt, act = fmts.pop(), acts.pop()
+        spec = MoeSpec(self.activation, self.gate_up is not None, self.alpha, self.limit, act.scale_fmt, act.rule)
+        w2 = ExpertWeights(fmt, *self.down.packed(), self.down_bias)
+        if self.gate_up is not None:
+            return (ExpertWeights(fmt, *self.gate_up.packed(), self.gate_up_bias), w2, spec), "fused_moe"
+        inter = self.gate.shape[0]
+        if fmt == "fp8-block" and inter % 128:
+            return None, f"per-expert loop: fp8-block gate/up with I={inter} cannot be stacked (128-row tiles would straddle them)"
+        w13 = stack_gate_up(ExpertWeights(fmt, *self.gate.packed()), ExpertWeights(fmt, *self.up.packed()))
+        rows = inter // 128 if fmt == "fp8-block" else inter  # scale rows of the gate half
+        kind, ops = type(self.gate), self.ops
+        self.gate = kind(w13.q[:, :inter], w13.scale[:, :rows], act, ops)  # views: the loop and the op share w13
+        self.up = kind(w13.q[:, inter:], w13.scale[:, rows:], act, ops)
+        return (w13, w2, spec), "fused_moe"
 
     def _act(self, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         if self.activation == "silu":
@@ -122,6 +158,14 @@ class Experts(nn.Module):
         return linear(self._act(g, u), self.down, self.down_bias, expert=e)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """x [T, H], routing weights float32 [T, k] and expert ids [T, k] -> [T, H] in x.dtype."""
+        if self.fused is None:
+            return self.loop(x, weights, idx)
+        w13, w2, spec = self.fused
+        return self.ops.call("fused_moe", x, weights, idx, w13, w2, spec)
+
+    def loop(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """The per-expert loop (host-synchronising): each expert on its tokens, combined in float32."""
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         for e in torch.unique(idx).tolist():
             rows, slot = torch.where(idx == e)

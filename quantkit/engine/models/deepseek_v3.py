@@ -52,6 +52,7 @@ def _attn(cfg: dict, w: Weights, a: str, i: int, rope: Rope) -> MLA:
         v_head_dim=setting(cfg, "v_head_dim"),
         kv_lora_rank=setting(cfg, "kv_lora_rank"),
         scale=mla_softmax_scale(rope_parameters(cfg), nope + rdim),
+        ops=w.ops,
     )
 
 

@@ -53,6 +53,7 @@ def build(cfg: dict, w: Weights) -> CausalLM:
             num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, rope=rope,
             sinks=w.get(a + "sinks", torch.float32),
             window=window if types[i] == "sliding_attention" else None,
+            ops=w.ops,
         )
         norms = (w.norm(p + "input_layernorm.weight", eps, "f32"), w.norm(p + "post_attention_layernorm.weight", eps, "f32"))
         layers.append(DecoderLayer(attn, _moe(cfg, w, p), *norms))

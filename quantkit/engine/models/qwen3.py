@@ -62,6 +62,7 @@ def build(cfg: dict, w: Weights) -> CausalLM:
             i, *(w.linear(a + f"{x}_proj", bias=bool(cfg.get("attention_bias"))) for x in "qkvo"),
             num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, rope=rope,
             window=_window(cfg, i, moe), q_norm=w.norm(a + "q_norm.weight", eps), k_norm=w.norm(a + "k_norm.weight", eps),
+            ops=w.ops,
         )
         mlp: nn.Module = _moe(cfg, w, p + "mlp.", n_experts) if _is_sparse(cfg, i, n_experts) else _mlp(w, p + "mlp.")
         norms = (w.norm(p + "input_layernorm.weight", eps), w.norm(p + "post_attention_layernorm.weight", eps))

@@ -30,7 +30,9 @@ class EngineRunner:
         if dtype not in DTYPES:
             raise ValueError(f"engine dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
         self.path = Path(path)
-        self.model = load(self.path, device=device, dtype=DTYPES[dtype], act_quant=act_quant)
+        # the ops' torch reference backends on every device: accuracy is measured on the reference
+        # numerics, not on whichever GPU kernel the dispatcher would pick
+        self.model = load(self.path, device=device, dtype=DTYPES[dtype], act_quant=act_quant, backend="torch")
         self.device = torch.device(device)
         acts = "dynamic activation quantization" if act_quant else "unquantized activations"
         self.label = f"quantkit engine (pure-torch path), {dtype}, {acts}, {device}"

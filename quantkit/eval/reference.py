@@ -93,9 +93,13 @@ class TransformersRunner:
         qc = _dequantize_config(cfg, self.path)
         if qc is not None:
             kwargs["quantization_config"] = qc
-        model, info = AutoModelForCausalLM.from_pretrained(
-            self.path, dtype=torch.float32, attn_implementation="eager", output_loading_info=True, **kwargs
-        )
+        try:
+            model, info = AutoModelForCausalLM.from_pretrained(
+                self.path, dtype=torch.float32, attn_implementation="eager", output_loading_info=True, **kwargs
+            )
+        except (RuntimeError, ValueError) as e:  # e.g. its FP8 dequantizer rejects partial 128-tiles
+            msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise ValueError(f"{self.path}: transformers cannot load this checkpoint ({msg}); try --impl engine") from None
         n_layers = model.config.num_hidden_layers
         _check_loading(info, n_layers, self.path)
         bad = sorted({str(p.dtype) for p in model.parameters() if p.dtype != torch.float32})

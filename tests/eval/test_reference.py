@@ -63,3 +63,14 @@ def test_impl_gpt_oss_agrees_with_engine(gpt_oss_original):
     assert "gpt-oss torch reference" in rep["reference_runner"]
     assert c["kld_max"] < 1e-8 and c["top1_pct"] == 100.0
     assert len(c["hidden_rel_err"]) == 3 and max(c["hidden_rel_err"]) < 1e-5
+
+
+def test_partial_tiles_need_the_engine_reference(tmp_path):
+    """transformers' FP8 dequantizer rejects DeepSeek's partial 128-tiles (REFERENCE.md): a clear
+    error naming --impl engine, which then measures the checkpoint against itself as lossless."""
+    src = tmp_path / "ragged"
+    cli("synth", "deepseek-v3", str(src), "--preset", "tiny-ragged")
+    res = cli("eval", "accuracy", str(src), "--reference", str(src), *FAST, code=1)
+    assert "transformers cannot load this checkpoint" in res.output and "--impl engine" in res.output
+    c = json.loads(cli("eval", "accuracy", str(src), "--reference", str(src), "--impl", "engine", "--no-act-quant", *FAST).stdout)["candidates"][0]
+    assert c["kld_max"] == 0.0 and c["top1_pct"] == 100.0

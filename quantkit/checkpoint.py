@@ -296,7 +296,7 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(t.view(torch.uint8).numpy()).cast("B") if t.numel() else memoryview(b"")
 
 
-SINK_MIN_BUDGET = 256 << 20  # owned bytes the writer threads may lag behind, at least
+SINK_MIN_BUDGET = 1 << 20  # owned bytes the writer threads may lag behind, at least (small: memory is bounded by the largest tensor)
 
 
 def write_shard(path: Path, plan: ShardPlan, tensors: Iterator[torch.Tensor], borrowed: Collection[str] = ()) -> str:

@@ -73,9 +73,13 @@ def quantize_weight(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., N, K] -> (F8_E4M3 [..., N, K], F32 scale_inv [..., ceil(N/128), ceil(K/128)])."""
     n, k = w.shape[-2:]
-    s = _scale(tile_amax(w, block), scale_fmt, rule)
-    q = round_e4m3(w.to(torch.float32) / expand_tiles(s, n, k, block), rounding)
-    return q, s
+    p = _pad_tiles(w.to(torch.float32), block)  # a view of the f32 copy when N, K are whole tiles
+    *lead, pn, pk = p.shape
+    tiles = p.reshape(*lead, pn // block, block, pk // block, block)
+    s = _scale(tiles.abs().amax(dim=(-3, -1)), scale_fmt, rule)
+    # the same IEEE quotient x / s per element as dividing by expand_tiles(s), without expanding
+    v = (tiles / s[..., :, None, :, None]).reshape(*lead, pn, pk)[..., :n, :k]
+    return round_e4m3(v, rounding), s
 
 
 def dequantize_weight(q: torch.Tensor, scale_inv: torch.Tensor, block: int = BLOCK) -> torch.Tensor:

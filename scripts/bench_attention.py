@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -39,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import Bench, Row, fmt, pct  # noqa: E402  (shared timers, rows, log)
+from bench_common import Bench, start_device, Row, fmt, pct  # noqa: E402  (shared timers, rows, log)
 from bench_kernels import environment  # noqa: E402
 
 HQ, HKV, D, WINDOW, PAGE = 64, 8, 64, 128, 16
@@ -348,17 +347,7 @@ def main() -> None:
     p.add_argument("--append", nargs="?", const=str(ROOT / "docs" / "benchmarks.md"), default=None)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu = interpreter smoke run of this script")
     args = p.parse_args()
-    if args.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # before quantkit.kernels imports triton
-        args.append = None
-    sys.path.insert(0, str(ROOT))
-    import torch
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device; use --device cpu for the interpreter smoke run")
-    device = torch.device(args.device)
-    torch.set_float32_matmul_precision("highest")  # the reference is a true float32 matmul
-    args.out.mkdir(parents=True, exist_ok=True)
+    torch, device = start_device(args)
     for name in ("bench.log", "results.jsonl"):
         (args.out / name).unlink(missing_ok=True)
     gpu, peaks, versions = environment(torch, device)

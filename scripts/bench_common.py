@@ -21,6 +21,42 @@ PEAKS: dict[str, tuple[float, float, float]] = {
 }
 CPU_PEAKS = (1.0, 1.0, 50.0)  # placeholder figures for the CPU smoke run
 FLUSH_BYTES = 256 * 2**20  # as triton.testing.do_bench: several times the 50 MB L2
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def start_device(args):
+    """Common start of a kernel benchmark: ``--device cpu`` runs the Triton interpreter (set before
+    quantkit.kernels imports triton) and never appends to the docs; imports torch from this tree's
+    environment, checks CUDA, keeps float32 references true float32 (no TF32), makes ``args.out``.
+    Returns (torch, device)."""
+    import os
+    import sys
+
+    if args.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+        args.append = None  # smoke-run figures never go into the docs
+    sys.path.insert(0, str(ROOT))  # benchmark the tree this script lives in
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device; use --device cpu for the interpreter smoke run")
+    torch.set_float32_matmul_precision("highest")
+    args.out.mkdir(parents=True, exist_ok=True)
+    return torch, torch.device(args.device)
+
+
+def time_ms(fn: Callable[[], object], cuda: bool, warmup_ms: int, rep_ms: int) -> float:
+    """Median time of ``fn`` in ms: triton's do_bench (L2 flushed) on CUDA, median of 3 on CPU."""
+    if cuda:
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return sorted(times)[1] * 1e3
 
 
 @dataclass
@@ -76,16 +112,7 @@ class Bench:
         return time.monotonic() > self.deadline
 
     def time_ms(self, fn: Callable[[], object]) -> float:
-        if self.cuda:
-            import triton.testing
-
-            return float(triton.testing.do_bench(fn, warmup=self.warmup_ms, rep=self.rep_ms, return_mode="median"))
-        times = []
-        for _ in range(3):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        return sorted(times)[1] * 1e3
+        return time_ms(fn, self.cuda, self.warmup_ms, self.rep_ms)
 
     def host_us(self, fn: Callable[[], object], calls: int = 20) -> float:
         """Python time per call, launches only (the GPU catches up after the clock stops)."""

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import sys
 import time
@@ -35,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+from bench_common import start_device, time_ms  # noqa: E402  (shared start and timer)
 HBM_GBS = {"H200": 4800.0, "H100 NVL": 3900.0, "H100": 3350.0, "B200": 8000.0}  # NVIDIA datasheets
 GOAL_HBM, GOAL_SPEEDUP = 0.60, 5.0
 CHUNK_ELEMS = 1 << 27  # reference chunk: ~134M elements, a few GB of temporaries
@@ -118,16 +119,7 @@ class Bench:
             f.write(msg + "\n")
 
     def time_ms(self, fn: Callable[[], object]) -> float:
-        if self.cuda:
-            import triton.testing
-
-            return float(triton.testing.do_bench(fn, warmup=self.warmup_ms, rep=self.rep_ms, return_mode="median"))
-        times = []
-        for _ in range(3):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        return sorted(times)[1] * 1e3
+        return time_ms(fn, self.cuda, self.warmup_ms, self.rep_ms)
 
 
 # ---- inputs, bytes, reference chunks ------------------------------------------------------------
@@ -344,20 +336,11 @@ def parse() -> argparse.Namespace:
 
 def main() -> int:
     args = parse()
-    if args.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # before quantkit.kernels imports triton
-        args.append = None  # smoke-run figures never go into the docs
-    sys.path.insert(0, str(ROOT))  # benchmark the tree this script lives in
-    import torch
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device; use --device cpu for the interpreter smoke run")
-    device = torch.device(args.device)
+    torch, device = start_device(args)
     name = torch.cuda.get_device_name(device) if args.device == "cuda" else "cpu"
     hbm = args.hbm_gbs or next((v for k, v in HBM_GBS.items() if k in name), None) or (50.0 if args.device == "cpu" else None)
     if hbm is None:
         raise SystemExit(f"no HBM peak known for {name!r}: pass --hbm-gbs")
-    args.out.mkdir(parents=True, exist_ok=True)
     b = Bench(torch, device, hbm, args.out, args.warmup_ms, args.rep_ms)
     b.log(f"bench_formats: {name}, HBM {hbm:g} GB/s, torch {torch.__version__}")
     rows, skipped, t0 = [], [], time.monotonic()

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import platform
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_gemm  # noqa: E402  (the GEMM family)
-from bench_common import CPU_PEAKS, PEAKS, Bench  # noqa: E402
+from bench_common import CPU_PEAKS, PEAKS, Bench, start_device  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 Checkpoint = Callable[[], object]  # writes OUT/results.md with the rows so far
@@ -127,17 +126,7 @@ def main() -> None:
     p.add_argument("--append", nargs="?", const=str(ROOT / "docs" / "benchmarks.md"), default=None,
                    help="append OUT/results.md to this markdown file (default docs/benchmarks.md); never in a cpu run")  # fmt: skip
     args = p.parse_args()
-    if args.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # before quantkit.kernels imports triton
-        args.append = None  # smoke-run figures never go into the docs
-    sys.path.insert(0, str(ROOT))
-    import torch
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device; use --device cpu for the interpreter smoke run")
-    device = torch.device(args.device)
-    torch.set_float32_matmul_precision("highest")  # the references are true float32 matmuls, never TF32
-    args.out.mkdir(parents=True, exist_ok=True)
+    torch, device = start_device(args)
     gpu, peaks, versions = environment(torch, device)
     b = Bench(torch, device, gpu, peaks, args.out, args.warmup_ms, args.rep_ms, time.monotonic() + args.budget_s)
     b.log(f"bench_kernels: {gpu} {versions} families={args.families} sweep={args.sweep} budget={args.budget_s:.0f} s")

@@ -30,7 +30,6 @@ Writes OUT/bench.log, OUT/results.jsonl, OUT/results.md and prints a short table
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import Bench, Row, fmt, pct  # noqa: E402  (shared timers: eager, CUDA graph with L2 flush; rows; log)
+from bench_common import Bench, start_device, Row, fmt, pct  # noqa: E402  (shared timers: eager, CUDA graph with L2 flush; rows; log)
 from bench_kernels import environment  # noqa: E402
 
 
@@ -250,17 +249,7 @@ def main() -> None:
     p.add_argument("--rep-ms", type=int, default=40)
     p.add_argument("--append", nargs="?", const=str(ROOT / "docs" / "benchmarks.md"), default=None)
     args = p.parse_args()
-    if args.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # before quantkit.kernels imports triton
-        args.append = None
-    sys.path.insert(0, str(ROOT))
-    import torch
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device; use --device cpu for the interpreter smoke run")
-    device = torch.device(args.device)
-    torch.set_float32_matmul_precision("highest")  # the reference is a true float32 matmul
-    args.out.mkdir(parents=True, exist_ok=True)
+    torch, device = start_device(args)
     gpu, peaks, versions = environment(torch, device)
     b = Bench(torch, device, gpu, peaks, args.out, args.warmup_ms, args.rep_ms, time.monotonic() + args.budget_s)
     b.log(f"bench_moe: {gpu} {versions} models={args.models} formats={args.formats}")

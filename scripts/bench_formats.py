@@ -232,7 +232,7 @@ def tuning(op: str) -> tuple[dict, ...]:
 
     return {
         "mxfp4_decode": mxfp4_decode.TUNING,
-        "fp8_block_quantize_weight": fp8_block_quant.TUNING,
+        "fp8_block_quantize_weight": fp8_block_quant.TUNING + fp8_block_quant.SR_TUNING,
         "mxfp8_quantize": group_quant.MX_TUNING,
         "act_quant_mxfp8": group_quant.MX_TUNING,
         "act_quant_fp8_block": group_quant.ACT_TUNING,

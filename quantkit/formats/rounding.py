@@ -8,12 +8,17 @@ pure function of ``(seed, name, i)``, where ``i`` is the element's flat row-majo
 Hash (the spec every kernel reproduces bit for bit):
     k0, k1 = the first two little-endian uint32 words of sha256(f"{seed}:{name}")
     lo, hi = i & 0xFFFFFFFF, i >> 32
-    h = mix32(lo ^ k0)
-    h = mix32(h ^ hi ^ k1)
-    u = (h >> 8) * 2**-24                      # float32 in [0, 1), 24 random bits
+    c = mix32(hi ^ k1)                         # one value per 2**32 elements: kernels hoist it
+    h = mix32(lo * (k0 | 1) + c)
+    u = (h >> 12) * 2**-20                     # float32 in [0, 1), 20 random bits
 with mix32 = "lowbias32" (x ^= x>>16; x *= 0x7feb352d; x ^= x>>15; x *= 0x846ca68b; x ^= x>>16),
-all arithmetic mod 2**32.  A value v between neighbours lo < v < hi rounds up iff
-u < (v - lo) / (hi - lo), so P(up) equals the fraction to within 2**-24: unbiased.
+all arithmetic mod 2**32.  Within a run of 2**32 elements, lo -> lo * (k0 | 1) + c is a bijection
+(odd multiplier), so distinct elements hash distinct words, and the key enters both by multiply and
+add, so two seeds' streams are not shifts of one another.  One mixing round per element is what
+keeps the GPU kernels near memory speed.  A value v between neighbours lo < v < hi rounds up iff
+u < floor(f * 2**20) * 2**-20 with f = (v - lo) / (hi - lo), so P(up) = f truncated to 20 bits:
+exactly f wherever f has at most 20 significant fraction bits (every E4M3 normal from float32 or
+bfloat16, every bfloat16 from float32), at most 2**-20 below it elsewhere (E4M3 subnormals).
 """
 
 from __future__ import annotations
@@ -87,6 +92,6 @@ def uniform(r: Rounding, shape: tuple[int, ...] | torch.Size, device: torch.devi
     for s in shape:
         n *= int(s)
     idx = torch.arange(r.offset, r.offset + n, dtype=torch.int64, device=device)
-    h = mix32((idx & _M32) ^ k0)
-    h = mix32(h ^ (idx >> 32) ^ k1)
-    return ((h >> 8).to(torch.float32) * 2.0**-24).reshape(shape)
+    c = mix32((idx >> 32) ^ k1)
+    h = mix32((_mul32(idx & _M32, k0 | 1) + c) & _M32)
+    return ((h >> 12).to(torch.float32) * 2.0**-20).reshape(shape)

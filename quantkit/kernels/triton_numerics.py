@@ -105,15 +105,19 @@ def divide(x, s, inv, POW2: tl.constexpr):
 
 
 @triton.jit
-def e4m3_code(v, u, STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr):
+def e4m3_code(v, r, STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr):
     """float32 v (already divided by its scale) -> E4M3 byte, as formats.fp8.round_e4m3.
 
-    Assembled: |v| is clamped to 448; with e = max(floor(log2|v|), -6) and ulp = 2**(e-3),
-    t = |v|/ulp is exact and lies in [0, 16]; the byte is ((e + 6) << 3) + round(t) (a carry to
-    16 moves to the next binade by itself; e = -6 covers the subnormals), round being
-    ties-to-even through the float32 addition t + 2**23, or floor(t) + (u < frac(t)).
+    ``r``: the element's 20 random bits (:func:`random20`) when STOCHASTIC, else unused.
+    Nearest, assembled: |v| is clamped to 448; with e = max(floor(log2|v|), -6) and
+    ulp = 2**(e-3), t = |v|/ulp is exact and lies in [0, 16]; the byte is ((e + 6) << 3) +
+    round(t) (a carry to 16 moves to the next binade by itself; e = -6 covers the subnormals),
+    round being ties-to-even through the float32 addition t + 2**23.  Stochastic: see
+    :func:`e4m3_code_stochastic`.
     """
-    if HW_CAST and not STOCHASTIC:
+    if STOCHASTIC:
+        return e4m3_code_stochastic(v, r)
+    if HW_CAST:
         c = tl.clamp(v, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
         return c.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     bits = v.to(tl.int32, bitcast=True)
@@ -123,22 +127,31 @@ def e4m3_code(v, u, STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr):
     a = tl.where(is_nan, 0.0, a)
     e = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
     t = a * ((130 - e) << 23).to(tl.float32, bitcast=True)  # a * 2**(3-e), exact
-    if STOCHASTIC:
-        fl = t.to(tl.int32)
-        n = fl + (u < (t - fl.to(tl.float32))).to(tl.int32)
-    else:
-        n = (t + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
+    n = (t + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
     code = ((e + 6) << 3) + n
     return (tl.where(is_nan, 0x7F, code) | sign).to(tl.uint8)
 
 
 @triton.jit
-def flat_index(start, off):
-    """Flat element index start + off as uint32 (lo, hi); start int64 scalar, off int32 >= 0."""
-    s_lo = (start & 0xFFFFFFFF).to(tl.uint32)
-    s_hi = (start >> 32).to(tl.uint32)
-    lo = s_lo + off.to(tl.uint32)
-    return lo, s_hi + (lo < s_lo).to(tl.uint32)
+def e4m3_code_stochastic(v, r):
+    """float32 v -> E4M3 byte rounded stochastically with 20 random bits r (uint32 < 2**20),
+    in integer arithmetic only (no conversions): formats.fp8.round_e4m3 bit for bit.
+
+    With |v| clamped to 448 and E = floor(log2|v|): for E >= -6 the float32 bits hold t = |v|/ulp
+    as bits >> 20 = (E + 127) * 8 + floor(t) - 8 and frac(t) * 2**20 in the low 20 bits; below,
+    q = 0x3c000000 + (significand >> (121 - exponent field)) holds the E4M3 subnormal t the same
+    way (exponent field 120, t * 2**20 truncated in the low 23 bits; max(bits, q) picks the right
+    one).  Adding 2**20 - 1 - r carries exactly when r < frac(t) * 2**20 (truncated), so the byte is
+    ((q + (2**20 - 1 - r)) >> 20) - 960 (a carry out of the mantissa moves to the next binade).
+    """
+    bits = v.to(tl.int32, bitcast=True)
+    a = bits & 0x7FFFFFFF
+    is_nan = a > 0x7F800000
+    a = tl.minimum(a, 0x43E00000)  # |v| <= 448 (0x43e00000), inf included
+    sh = tl.minimum(tl.maximum(121 - (a >> 23), 0), 31)
+    q = tl.maximum(a, 0x3C000000 + (((a & 0x7FFFFF) | 0x800000) >> sh))
+    code = ((q + (r ^ 0xFFFFF).to(tl.int32)) >> 20) - 960
+    return (tl.where(is_nan, 0x7F, code) | ((bits >> 24) & 0x80)).to(tl.uint8)
 
 
 @triton.jit
@@ -152,12 +165,21 @@ def mix32(x):
 
 
 @triton.jit
-def uniform(start, off, k0, k1):
-    """float32 uniform in [0, 1) of flat element index start + off (formats.rounding.uniform)."""
-    lo, hi = flat_index(start, off)
-    h = mix32(lo ^ k0.to(tl.uint32, bitcast=True))
-    h = mix32(h ^ hi ^ k1.to(tl.uint32, bitcast=True))
-    return (h >> 8).to(tl.float32) * 5.9604644775390625e-08  # 2**-24
+def random20(start, off, k0, k1):
+    """The 20 random bits (uint32) of flat element index start + off (formats.rounding.uniform:
+    u = random20 * 2**-20); start int64 scalar, off int32 >= 0 (a program spans < 2**32 elements).
+
+    c = mix32(hi ^ k1) is a per-program scalar for start's high word and the next one (an
+    element whose low word wrapped past start's belongs to the next).
+    """
+    s_lo = (start & 0xFFFFFFFF).to(tl.uint32)
+    s_hi = (start >> 32).to(tl.uint32)
+    k1u = k1.to(tl.uint32, bitcast=True)
+    c0 = mix32(s_hi ^ k1u)
+    c1 = mix32((s_hi + 1) ^ k1u)
+    lo = s_lo + off.to(tl.uint32)
+    c = tl.where(lo < s_lo, c1, c0)
+    return mix32(lo * (k0.to(tl.uint32, bitcast=True) | 1) + c) >> 12
 
 
 def stream_key_i32(r: rounding.Rounding) -> tuple[int, int]:

@@ -36,6 +36,7 @@ import triton.language as tl
 
 from . import dispatch
 from .fused_moe_ref import ExpertWeights, MoeSpec, check_moe
+from .gemm_block_scaled import WORKSPACE
 from .group_quant import act_quant_fp8_block, mxfp8_quantize
 from .moe_routing import Alignment, align
 from .triton_numerics import (
@@ -60,9 +61,11 @@ class MoeConfig:
     group_m: int = 8
     upcast: bool = False  # MX experts only: exact bf16 operands, one bf16 dot per 32 columns
     fuse_quant: bool = False  # each GEMM program quantizes its own activation rows (no quant launches)
+    split_k: int = 0  # K splits per tile: 0 = enough programs for ``waves`` per SM (few tokens only), 1 = none
+    waves: int = 8
 
     def name(self) -> str:
-        flags = ("/up" if self.upcast else "") + ("/fq" if self.fuse_quant else "")
+        flags = ("/up" if self.upcast else "") + ("/fq" if self.fuse_quant else "") + (f"/s{self.split_k}" if self.split_k else "")
         return f"{self.block_m}x{self.block_n1}/{self.block_n2}/w{self.num_warps}/st{self.num_stages}{flags}"
 
 
@@ -171,19 +174,48 @@ def _bias(acc, bias_ptr, rows, col_ok, HAS_BIAS: tl.constexpr):
     return acc
 
 
-@triton.jit(do_not_specialize=["n_slots", "up_off", "EM"])
+@triton.jit
+def _split_reduce_pair(acc_g, acc_u, part_ptr, count_ptr, tile, n_tiles, split, n_split, GATED: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """Deterministic split-K of one tile's gate (and up) accumulators (gemm_block_scaled.split_reduce's
+    pattern): each split stores its partials at part[split, tile]; the last program to arrive sums
+    them in split order and resets the tile's counter.  Returns (is_last, gate sum, up sum)."""
+    HALVES: tl.constexpr = 2 if GATED else 1
+    size: tl.constexpr = BLOCK_M * BLOCK_N
+    loc = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    base = part_ptr + tile.to(tl.int64) * (HALVES * size)
+    stride = n_tiles.to(tl.int64) * (HALVES * size)
+    tl.store(base + split * stride + loc, acc_g)
+    if GATED:
+        tl.store(base + split * stride + size + loc, acc_u)
+    tl.debug_barrier()  # every thread's partial is written before the counter is released
+    arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
+    last = arrived == n_split - 1
+    sum_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    sum_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if last:
+        for sp in range(0, n_split):
+            sum_g += tl.load(base + sp * stride + loc, cache_modifier=".cg")
+            if GATED:
+                sum_u += tl.load(base + sp * stride + size + loc, cache_modifier=".cg")
+        tl.store(count_ptr + tile, 0)  # zero again for the next launch (and every graph replay)
+    return last, sum_g, sum_u
+
+
+@triton.jit(do_not_specialize=["n_slots", "up_off", "EM", "kb_per_split"])
 def _moe_gemm_kernel(
-    a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ptr, npad_ptr,
-    n_slots, EM, N, K, up_off, AS_COLS, WS_COLS, alpha, limit,
+    a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ptr, npad_ptr, part_ptr, count_ptr,
+    n_slots, EM, N, K, up_off, AS_COLS, WS_COLS, alpha, limit, kb_per_split,
     s_am, s_asm, s_we, s_wn, s_wse, s_wsn, s_be, s_om,
     TOP_K: tl.constexpr, GATED: tl.constexpr, ROW_STEP: tl.constexpr, ACT: tl.constexpr, ROUND: tl.constexpr,
     A_KPS: tl.constexpr, A_E8M0: tl.constexpr, W_RPS: tl.constexpr, W_KPS: tl.constexpr, W_E8M0: tl.constexpr,
     W_UNIFORM: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr,
     QMODE: tl.constexpr, RCEIL: tl.constexpr, HW_CAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, HAS_SPLIT: tl.constexpr,
 ):  # fmt: skip
-    """out[slot, :N] for one BLOCK_M block of slots (one expert) and BLOCK_N output columns."""
+    """out[slot, :N] for one BLOCK_M block of slots (one expert) and BLOCK_N output columns;
+    program_id(1) picks the split of K (``kb_per_split`` 128-blocks each)."""
     pid_m, pid_n = _tile_coords(tl.program_id(0), EM, N, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(npad_ptr):
         return
@@ -200,7 +232,8 @@ def _moe_gemm_kernel(
     offs_k = tl.arange(0, SUB_K)
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+    kb_lo = tl.program_id(1) * kb_per_split
+    for kb in range(kb_lo, tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))):
         for j in tl.static_range(BLOCK_K // SUB_K):
             ks = kb * BLOCK_K + j * SUB_K + offs_k
             a_ptrs = a_ptr + a_row[:, None] * s_am + ks[None, :]  # [BM, SUB_K]
@@ -227,6 +260,11 @@ def _moe_gemm_kernel(
                 su = _scale(ws_e, row_u, row0 + up_off, s_wsn, wcol, WS_COLS, W_RPS, W_UNIFORM, W_E8M0)
                 acc_u = _mma(acc_u, a, wu, sa, su, W_UNIFORM, UPCAST, UP_DTYPE)
 
+    if HAS_SPLIT:
+        last, acc_g, acc_u = _split_reduce_pair(acc_g, acc_u, part_ptr, count_ptr, tl.program_id(0), tl.num_programs(0),
+                                                tl.program_id(1), tl.num_programs(1), GATED, BLOCK_M, BLOCK_N)  # fmt: skip
+        if not last:
+            return
     col_ok = offs_n < N
     h = bf16_round(_bias(acc_g, bias_ptr + e * s_be, row_g, col_ok, HAS_BIAS), ROUND)
     if GATED:
@@ -276,10 +314,15 @@ def _gemm(a: torch.Tensor, sa: torch.Tensor | None, w: ExpertWeights, out: torch
     uniform = fp8b and 128 % (block_n * row_step) == 0 and up_off % (1 if interleaved else 128) == 0
     bias = w.bias if w.bias is not None else out
     cap = al.sorted_ids.shape[0]
-    grid = (triton.cdiv(cap, al.block_m) * triton.cdiv(n_out, block_n),)
-    _moe_gemm_kernel[grid](
-        a, sa, w.q, ws, bias, out, al.sorted_ids, al.expert_ids, al.num_padded,
-        n_slots, cap, n_out, k, up_off, sa.shape[1], ws.shape[2], spec.alpha, spec.limit,
+    tiles = triton.cdiv(cap, al.block_m) * triton.cdiv(n_out, block_n)
+    split, per = moe_split(cfg, tiles, n_slots, al.block_m, n_out, block_n, k, out.device)
+    part, count = (out, out)
+    if split > 1:
+        part = WORKSPACE.partials(split * tiles * al.block_m * block_n * (2 if gated else 1), out.device)
+        count = WORKSPACE.counters(tiles, out.device)
+    _moe_gemm_kernel[(tiles, split)](
+        a, sa, w.q, ws, bias, out, al.sorted_ids, al.expert_ids, al.num_padded, part, count,
+        n_slots, cap, n_out, k, up_off, sa.shape[1], ws.shape[2], spec.alpha, spec.limit, per,
         a.stride(0), sa.stride(0), w.q.stride(0), w.q.stride(1), ws.stride(0), ws.stride(1), bias.stride(0), out.stride(0),
         TOP_K=top_k, GATED=gated, ROW_STEP=row_step, ACT=ACT_CODES[spec.activation] if gated else 0,
         ROUND=out.dtype == torch.bfloat16, A_KPS=128 if fp8b else 32, A_E8M0=sa.dtype == torch.uint8,
@@ -287,8 +330,22 @@ def _gemm(a: torch.Tensor, sa: torch.Tensor | None, w: ExpertWeights, out: torch
         UPCAST=cfg.upcast, UP_DTYPE=tl.float32 if interpreted() else tl.bfloat16,
         QMODE=qmode, RCEIL=spec.rule == "rceil", HW_CAST=hw_e4m3(a.device),
         BLOCK_M=al.block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K, SUB_K=128 if fp8b else 32,
-        GROUP_M=cfg.group_m, EVEN_K=k % BLOCK_K == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GROUP_M=cfg.group_m, EVEN_K=k % BLOCK_K == 0, HAS_SPLIT=split > 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+
+
+def moe_split(cfg: MoeConfig, tiles: int, n_pairs: int, block_m: int, n_out: int, block_n: int, k: int, device: torch.device) -> tuple[int, int]:
+    """(K splits, 128-blocks per split) of one grouped GEMM.  Auto (``split_k`` 0): with few
+    (token, slot) pairs the busy programs -- at most min(row blocks, pairs) x column tiles -- cannot
+    fill ``waves`` per SM, so K is split until they can (at least 2 K-blocks per split); the
+    partial sums are reduced in split order (deterministic)."""
+    n_kb = triton.cdiv(k, BLOCK_K)
+    want = cfg.split_k
+    if not want:
+        busy = min(tiles // triton.cdiv(n_out, block_n), n_pairs) * triton.cdiv(n_out, block_n)
+        want = max(1, min(triton.cdiv(cfg.waves * WORKSPACE.sm_count(device), max(busy, 1)), n_kb // 2))
+    per = triton.cdiv(n_kb, max(1, min(want, n_kb)))
+    return triton.cdiv(n_kb, per), per
 
 
 def fused_moe(

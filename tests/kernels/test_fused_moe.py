@@ -177,6 +177,10 @@ CASES = [
     ("fp8-block", MoeSpec("silu", scale_fmt="ue8m0"), 3, 160, 128, 40, 2, 1.0, MoeConfig(16, 32, 64, fuse_quant=True)),
     ("mxfp8", MoeSpec("gpt-oss", interleaved=True, rule="floor"), 3, 160, 96, 40, 2, 20.0, MoeConfig(16, 64, 32, upcast=True, fuse_quant=True)),
     ("mxfp8", SILU, 4, 256, 128, 3, 2, 1.0, MoeConfig(16, 32, 32, fuse_quant=True)),
+    # split-K (decode): H = 416 is 4 K-blocks with a partial last one, I = 288 is 3; explicit and auto splits
+    ("fp8-block", GPT_OSS, 4, 416, 288, 2, 2, 1.0, MoeConfig(16, 32, 32, split_k=3)),
+    ("mxfp8", SILU, 4, 416, 288, 1, 2, 1.0, MoeConfig(16, 32, 32, fuse_quant=True, split_k=2)),
+    ("fp8-block", SILU, 3, 416, 256, 3, 2, 1.0, MoeConfig(16, 64, 64, waves=64)),
 ]
 
 
@@ -195,6 +199,21 @@ def test_triton_fused_moe_matches_reference(triton_device, gen, fmt, spec, e, h,
     w, ids = routed(t, k, e, gen)
     ref = fused_moe_ref(x, w, ids, w13, w2, spec)
     assert_moe_close(run_triton(x, w, ids, w13, w2, spec, triton_device, cfg), ref, f"{fmt} {spec.activation} {cfg.name()}", 5e-3)
+
+
+def test_split_k_is_used_and_deterministic(triton_device, gen):
+    """Few tokens: the auto split spreads K over programs (moe_split > 1), and the in-order
+    reduction gives the same bytes on every run."""
+    from quantkit.kernels.fused_moe import moe_split
+
+    cfg = MoeConfig(16, 32, 32, waves=64)
+    assert moe_split(cfg, 4 * 9, 2, 16, 288, 32, 416, triton_device)[0] > 1
+    w13, w2 = experts("fp8-block", 4, 2 * 288, 416, gen, bias=True), experts("fp8-block", 4, 416, 288, gen, bias=False)
+    x = torch.randn(1, 416, generator=gen).to(torch.bfloat16)
+    w, ids = routed(1, 2, 4, gen)
+    a, b = (run_triton(x, w, ids, w13, w2, SILU, triton_device, cfg) for _ in range(2))
+    assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    assert_moe_close(a, fused_moe_ref(x, w, ids, w13, w2, SILU), "auto split", 5e-3)
 
 
 @pytest.mark.parametrize("t", [1, 6])  # default configs: fused quantization (T = 1), separate (T = 6)

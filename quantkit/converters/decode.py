@@ -3,6 +3,8 @@
 ``rows(l, a, b)`` is logical[l][a:b, :] and ``cols(l, a, b)`` logical[l][:, a:b], as float32 on the
 compute device; ``raw_rows`` gives the encoded chunk for exact paths.  Row and column bands start
 at multiples of 128, so FP8 tiles and MX blocks are never cut (the last band may be partial).
+With a :class:`~quantkit.formats.lut.Scratch` (CPU), decoded ``rows`` of encoded sources land in
+buffers that the next call overwrites: use each chunk before asking for the next.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import e8m0
+from ..formats.lut import Scratch
 from .items import MX, TILE, Item, cdiv
 from .ops import Ops
 from .source import Reader
@@ -30,8 +33,9 @@ def scale_f32(s: torch.Tensor) -> torch.Tensor:
 
 
 class Decoder:
-    def __init__(self, reader: Reader, item: Item, ops: Ops) -> None:
+    def __init__(self, reader: Reader, item: Item, ops: Ops, scratch: Scratch | None = None) -> None:
         src = item.source
+        self.scratch = scratch
         self.kind = src.kind
         self.transposed = src.transposed
         self.ops = ops
@@ -54,10 +58,12 @@ class Decoder:
     def rows(self, l: int, a: int, b: int) -> torch.Tensor:
         if self.kind == "plain":
             x = self.t[l, :, a:b].T if self.transposed else self.t[l, a:b]
+            if self.scratch is not None and (x.dtype != torch.float32 or not x.is_contiguous()):
+                return self.scratch.get("f32", x.shape, torch.float32).copy_(x)  # widened (exact) into the buffer
             return self._to(x).to(torch.float32).contiguous()
         if self.kind == "fp8-block":
-            return self.ops.fp8_dequant(*self.raw_rows(l, a, b))
-        return self.ops.mxfp4_decode(*self.raw_rows(l, a, b))
+            return self.ops.fp8_dequant(*self.raw_rows(l, a, b), scratch=self.scratch)
+        return self.ops.mxfp4_decode(*self.raw_rows(l, a, b), scratch=self.scratch)
 
     def cols(self, l: int, a: int, b: int) -> torch.Tensor:
         if self.kind == "plain":

@@ -5,6 +5,11 @@ bounded by the chunk size, not the tensor.  Stochastic rounding uses the output 
 each element's flat index in the output tensor (``Rounding.for_tensor(name).at(offset)``), so bytes
 do not depend on chunking, workers or device.  Exact paths round nothing and are verified: an
 element that changes is an error, not a statistic.
+
+On a CPU, decoding, FP8-block quantization (nearest) and its dequantization for fidelity work in
+buffers reused from chunk to chunk (one :class:`lut.Scratch` each for the decoder and the quantizer,
+the fidelity keeps its own), and FP8-block codes are cast straight into the output.  A step's
+tensors are therefore valid until the next step: :func:`run_task` uses each chunk before the next.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import torch
 
 from ..checkpoint import CheckpointError
 from ..formats import exact, fp8_block
+from ..formats.lut import Scratch
 from ..formats.rounding import NEAREST, Rounding, uniform
 from .decode import Decoder, lead, scale_f32
 from .fidelity import Fidelity
@@ -79,17 +85,22 @@ def copy_task(task: Task, reader: Reader, ctx: Context) -> tuple[dict[str, torch
     return {task.outputs[0].name: t, task.outputs[1].name: s}, Fidelity.identical(t.numel()).record(task.path, True)
 
 
-def quant_step(task: Task, dec: Decoder, out: list[torch.Tensor], ctx: Context, r: Rounding) -> Step:
+def quant_step(task: Task, dec: Decoder, out: list[torch.Tensor], ctx: Context, r: Rounding, scratch: Scratch | None) -> Step:
     L, (n, k) = lead(task.item.shape), task.item.shape[-2:]
     w, s = out[0].view(L, n, k), out[1].view(L, *out[1].shape[-2:])
+    fmt = ctx.scale_fmt or "float"
 
     def step(l: int, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         x = dec.rows(l, a, b)
         rr = r.at((l * n + a) * k)
         if task.target == "fp8-block":
-            q, sc = ctx.ops.fp8_block(x, ctx.scale_fmt or "float", ctx.rule, rr)
-            put(w[l, a:b], q), put(s[l, a // TILE : cdiv(b, TILE)], sc)
-            return x, ctx.ops.fp8_dequant(q, sc)
+            if scratch is not None and not rr.stochastic:  # CPU, nearest: codes cast into the output
+                q, sc = w[l, a:b], ctx.ops.fp8_block_into(x, w[l, a:b], fmt, ctx.rule, scratch)
+            else:
+                q, sc = ctx.ops.fp8_block(x, fmt, ctx.rule, rr)
+                put(w[l, a:b], q)
+            put(s[l, a // TILE : cdiv(b, TILE)], sc)
+            return x, ctx.ops.fp8_dequant(q, sc, scratch)
         q, sc = ctx.ops.mxfp8(x, ctx.rule, rr)
         put(w[l, a:b], q), put(s[l, a:b], sc)
         return x, ctx.ops.mxfp8_dequant(q, sc)
@@ -148,7 +159,8 @@ def run_task(task: Task, reader: Reader, ctx: Context, want: bool) -> tuple[dict
     """All outputs of ``task`` (name -> tensor) and, when ``want``, its fidelity record."""
     if task.path in COPY_PATHS:
         return copy_task(task, reader, ctx)
-    dec = Decoder(reader, task.item, ctx.ops)
+    on_cpu = ctx.ops.device.type == "cpu"
+    dec = Decoder(reader, task.item, ctx.ops, Scratch() if on_cpu else None)
     path = resolve_path(task, dec)
     exact_path = path in EXACT_PATHS or path == "fp8-block(ue8m0)->mxfp8"
     r = NEAREST if exact_path else ctx.rounding.for_tensor(task.outputs[0].name)
@@ -156,13 +168,12 @@ def run_task(task: Task, reader: Reader, ctx: Context, want: bool) -> tuple[dict
     if path in ("mxfp4->mxfp8", "fp8-block(ue8m0)->mxfp8"):
         step = exact_mx_step(task, dec, out, ctx.ops)
     elif task.target in ("fp8-block", "mxfp8"):
-        step = quant_step(task, dec, out, ctx, r)
+        step = quant_step(task, dec, out, ctx, r, Scratch() if on_cpu else None)
     else:
         step = bf16_step(task, dec, out, r)
     fid = Fidelity()
     n, k = task.item.shape[-2:]
     extent, width = (k, n) if task.transposed_out else (n, k)
-    on_cpu = ctx.ops.device.type == "cpu"
     for l in range(lead(task.item.shape)):
         for a, b in bands(extent, width, ctx.chunk_elements):
             ref, got = step(l, a, b)

@@ -43,6 +43,11 @@ def _scale(amax: torch.Tensor, scale_fmt: str, rule: str) -> torch.Tensor:
     return e8m0.pow2(e8m0.exponent(amax, "e4m3", rule))
 
 
+def scale_from_amax(amax: torch.Tensor, scale_fmt: str = "float", rule: str = e8m0.DEFAULT_RULE) -> torch.Tensor:
+    """The stored scale of each tile (or group) with absolute maximum ``amax``: the formula above."""
+    return _scale(amax, scale_fmt, rule)
+
+
 def _pad_tiles(x: torch.Tensor, block: int) -> torch.Tensor:
     """[..., N, K] -> zero-padded [..., N', K'] with N', K' multiples of ``block``."""
     n, k = x.shape[-2:]

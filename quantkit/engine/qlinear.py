@@ -24,6 +24,7 @@ each op -- the formats references on CPU, Triton / cuBLAS on GPUs):
 | fp8-block / mxfp8, ``act`` set  | ``act_quant_fp8_block`` / ``act_quant_mxfp8``, then ``gemm_fp8_block`` / ``gemm_mxfp8`` |
 | fp8-block / mxfp8, ``act`` None | ``fp8_block_dequant`` / ``mxfp8_dequant``, then a float32 matmul |
 | mxfp4 (w4a16), dense            | ``mxfp4_decode`` (dense: none), then a float32 matmul            |
+| fp8-block / mxfp8, input already quantized (:func:`linear_quantized`, ``Linear.quantized``) | the GEMM op only |
 """
 
 from __future__ import annotations
@@ -157,12 +158,30 @@ def linear(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None, expert
     """y = x @ W.T (+ bias) for x [..., K] and one (expert's) weight [N, K]; float32 products, out in x.dtype."""
     if x.shape[-1] != w.shape[1]:
         raise ValueError(f"linear: input has {x.shape[-1]} features, weight {w.fmt} is {w.shape} (out x in)")
-    b = None if bias is None else _sel(bias, expert)
     if w.act is not None:  # fp8-block / mxfp8 (QWeight checks act.kind == fmt): the block-scaled GEMM op
         a, s = quantize_act(x.contiguous(), w.act, w.ops)
-        return w.ops.call(GEMM_OPS[w.fmt], a, s, *w.packed(expert), b, x.dtype)
+        return linear_quantized(a, s, w, x.dtype, bias, expert)
+    b = None if bias is None else _sel(bias, expert)
     y = torch.nn.functional.linear(x.to(torch.float32), w.dequant(expert), None if b is None else b.to(torch.float32))
     return y.to(x.dtype)
+
+
+def linear_quantized(
+    a: torch.Tensor, a_scale: torch.Tensor, w: QWeight, out_dtype: torch.dtype, bias: torch.Tensor | None = None, expert: int | None = None
+) -> torch.Tensor:
+    """:func:`linear` of an input already quantized as ``w.act`` quantizes it (E4M3 [..., K] and its
+    scales, e.g. from a fused norm or activation op): the GEMM op alone; out_dtype [..., N]."""
+    if w.act is None:
+        raise ValueError(f"linear: a {w.fmt} weight without activation quantization takes no pre-quantized input")
+    groups = -(-w.shape[1] // fp8_block.BLOCK) if w.fmt == "fp8-block" else w.shape[1] // mxfp8.BLOCK
+    sdtype = torch.float32 if w.fmt == "fp8-block" else torch.uint8
+    if a.dtype != torch.float8_e4m3fn or a.shape[-1] != w.shape[1] or a_scale.shape != (*a.shape[:-1], groups) or a_scale.dtype != sdtype:
+        raise ValueError(
+            f"linear: a {w.fmt} weight {w.shape} takes E4M3 [..., {w.shape[1]}] + {sdtype} scales [..., {groups}], "
+            f"got {a.dtype}{tuple(a.shape)} + {a_scale.dtype}{tuple(a_scale.shape)}"
+        )
+    b = None if bias is None else _sel(bias, expert)
+    return w.ops.call(GEMM_OPS[w.fmt], a, a_scale, *w.packed(expert), b, out_dtype)
 
 
 class Linear(nn.Module):
@@ -175,3 +194,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
+
+    def quantized(self, a: torch.Tensor, a_scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        """The projection of an input quantized as ``self.weight.act`` asks (see :func:`linear_quantized`)."""
+        return linear_quantized(a, a_scale, self.weight, out_dtype, self.bias)

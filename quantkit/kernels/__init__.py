@@ -9,8 +9,11 @@ lists them); each kernel module registers its backend for the ops it implements 
 | :mod:`.fp8_block_quant` | triton | fp8_block_quantize_weight                                 |
 | :mod:`.group_quant`  | triton   | mxfp8_quantize, act_quant_mxfp8, act_quant_fp8_block       |
 | :mod:`.fused_moe`    | triton   | fused_moe (reference: :mod:`.fused_moe_ref`)               |
+| :mod:`.fused_act_quant` | triton | rmsnorm_act_quant, silu_mul_act_quant, swiglu_act_quant (reference: :mod:`.fused_act_quant_ref`) |
 | :mod:`.attention_triton`, :mod:`.attention_triton_decode` | triton | attention_prefill, attention_decode (reference: :mod:`.attention`) |
 | :mod:`.attention_flashinfer` | flashinfer (explicit only; when installed) | attention_prefill, attention_decode |
+| :mod:`.mla_triton`   | triton   | mla_decode (reference: :mod:`.mla`)                        |
+| :mod:`.mla_flashinfer` | flashinfer (explicit only; when installed) | mla_decode                           |
 
 Use::
 
@@ -27,6 +30,8 @@ from __future__ import annotations
 
 from . import dispatch, fused_moe_ref, reference, scaled_mm  # noqa: F401  (reference, scaled_mm, fused_moe_ref register the ops)
 from . import attention  # noqa: F401  (the attention ops' torch references)
+from . import fused_act_quant_ref  # noqa: F401  (the fused norm/activation + act-quant ops' torch references)
+from . import mla  # noqa: F401  (the mla_decode op's torch reference)
 from .dispatch import BackendUnavailable, Dispatcher, call, which
 
 __all__ = ["dispatch", "call", "which", "Dispatcher", "BackendUnavailable"]
@@ -38,5 +43,8 @@ except ImportError as err:
 else:
     from . import fp8_block_quant, fused_moe, gemm_fp8_block, gemm_mxfp8, group_quant, mxfp4_decode  # noqa: F401  (register "triton")
     from . import attention_triton, attention_triton_decode  # noqa: F401  (register "triton" for the attention ops)
+    from . import fused_act_quant  # noqa: F401  (register "triton" for the fused act-quant ops)
+    from . import mla_triton  # noqa: F401  (registers "triton" for mla_decode)
 
 from . import attention_flashinfer  # noqa: F401  (registers "flashinfer" when its package is installed)
+from . import mla_flashinfer  # noqa: F401  (registers "flashinfer" for mla_decode when installed)

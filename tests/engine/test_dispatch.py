@@ -74,8 +74,9 @@ def test_torch_ops_equal_previous_path(tiny, tmp_path: Path, monkeypatch: pytest
     model = load(q, "cpu", torch.float32, backend="torch")
     got = run(model)
     assert set(model.ops.ran.values()) == {"torch"}
-    assert "attention_prefill" in model.ops.ran  # MLA decodes through it too (ragged expanded keys)
+    assert "attention_prefill" in model.ops.ran  # MLA prefills through it (ragged expanded keys)
     assert ("attention_decode" in model.ops.ran) == (kind != "deepseek-v3")
+    assert ("mla_decode" in model.ops.ran) == (kind == "deepseek-v3")  # MLA decodes absorbed
     experts = [layer.mlp.experts for layer in model.layers if hasattr(layer.mlp, "experts")]
     if fmt == "mxfp8":  # quantized experts with quantized activations: the fused op, not the loop
         assert {e.path for e in experts} == {"fused_moe"} and {"gemm_mxfp8", "fused_moe"} <= set(model.ops.ran)

@@ -10,7 +10,8 @@ reference :func:`attend`, which the Triton / FlashInfer backends are tested agai
 
 Which op runs: with a KV cache whose entries are the keys and values themselves (GQA),
 ``attention_decode`` (one new token per sequence) or ``attention_prefill`` over the paged cache
-(block tables); otherwise (no cache, or MLA's cached latents, expanded per sequence)
+(block tables); otherwise (no cache, or MLA's cached latents at prefill, expanded per sequence;
+MLA decode steps run the absorbed ``mla_decode`` op instead, :mod:`.mla`)
 ``attention_prefill`` over ragged keys.  Keys sit at consecutive positions, queries are the last
 ones (bottom-right aligned), as :class:`Batch` lays them out.
 """

@@ -3,9 +3,22 @@
 q = q_b(q_a_norm(q_a(x))) (or q_proj(x) without q_lora_rank), split per head into
 q_nope [qk_nope_head_dim] | q_rot [qk_rope_head_dim].  kv_a_proj_with_mqa(x) = latent
 [kv_lora_rank] | k_rot [qk_rope_head_dim] (one rotary key shared by all heads); the latent is
-RMS-normed (eps 1e-6 in both references) and cached with the rotated k_rot.  Each step expands the
-cached latents of a sequence through kv_b_proj into per-head k_nope [qk_nope] | v [v_head_dim]
-("naive" MLA); key = k_nope | k_rot; the ``attention_prefill`` op runs over those ragged keys.  Softmax scale: :func:`rope.mla_softmax_scale`.
+RMS-normed (eps 1e-6 in both references) and cached with the rotated k_rot.  Softmax scale:
+:func:`rope.mla_softmax_scale`.  Two ways to attend, the same function up to float summation order:
+
+* prefill (and cache-less steps, and steps mixing a prefill chunk with decode tokens): the cached
+  latents of a sequence are expanded through kv_b_proj into per-head k_nope [qk_nope] | v
+  [v_head_dim] ("naive" MLA, transformers); key = k_nope | k_rot; the ``attention_prefill`` op
+  runs over those ragged keys.
+* decode (one new token per sequence, with a cache): weight-absorbed MLA (DeepSeek's
+  ``attn_impl="absorb"``).  kv_b_proj's weight [H * (qk_nope + v_head), rank] splits per head
+  into W_UK [H, qk_nope, rank] and W_UV [H, v_head, rank]; q_lat = q_nope W_UK [H, rank], the
+  ``mla_decode`` op attends over the cached latents themselves (:mod:`quantkit.kernels.mla`),
+  out = o_lat W_UV^T [H, v_head], then o_proj.  W_UK / W_UV are kv_b_proj's dequantized weight
+  in the compute dtype (DeepSeek's ``weight_dequant``), made on the first decode step and kept
+  (2 * H * 128 * 512 values per layer at full size).  A quantized kv_b_proj with dynamic
+  activation quantization quantizes the latents on the prefill path only: the absorbed path,
+  as DeepSeek's and vLLM's, multiplies by the dequantized weight.
 """
 
 from __future__ import annotations
@@ -55,6 +68,9 @@ class MLA(nn.Module):
         self.nope, self.rope_dim, self.v_dim, self.rank = qk_nope_head_dim, qk_rope_head_dim, v_head_dim, kv_lora_rank
         self.scale = scale
         self.ops = ops if ops is not None else Dispatcher()
+        if kv_b_proj.bias is not None:
+            raise ValueError("MLA: kv_b_proj with a bias has no weight-absorbed decode (DeepSeek's has none)")
+        self._absorbed: tuple[torch.dtype, torch.device, torch.Tensor, torch.Tensor] | None = None  # (dtype, device, W_UK, W_UV)
 
     def cache_spec(self) -> dict[str, tuple[int, ...]]:
         return {"kv": (self.rank,), "k_rot": (self.rope_dim,)}
@@ -71,13 +87,37 @@ class MLA(nn.Module):
         k_rot = ctx["k_rot"][:, None, :].expand(m, self.num_heads, self.rope_dim)
         return torch.cat((k_nope, k_rot), dim=-1), v
 
+    def absorbed_weights(self, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W_UK [H, qk_nope, rank], W_UV [H, v_head, rank]) in ``dtype``: kv_b_proj's dequantized weight, made once."""
+        a = self._absorbed
+        if a is None or a[0] != dtype or a[1] != device:
+            w = self.kv_b_proj.weight.dequant().view(self.num_heads, self.nope + self.v_dim, self.rank)  # float32
+            w_uk, w_uv = (t.to(device=device, dtype=dtype).contiguous() for t in w.split([self.nope, self.v_dim], dim=1))
+            a = self._absorbed = (dtype, device, w_uk, w_uv)
+        return a[2], a[3]
+
+    def _decode(self, q_nope: torch.Tensor, q_rot: torch.Tensor, new: dict[str, torch.Tensor], batch: Batch, cache: KVCache) -> torch.Tensor:
+        """Weight-absorbed decode of one token per sequence -> [B, H, v_head] in q's dtype."""
+        cache.write(self.layer, batch.slot_mapping, new)
+        w_uk, w_uv = self.absorbed_weights(q_nope.dtype, q_nope.device)
+        q_lat = torch.einsum("thd,hdc->thc", q_nope, w_uk).contiguous()  # [B, H, rank]
+        store = cache.layers[self.layer]  # kv [slots, rank], k_rot [slots, rope]
+        o_lat = self.ops.call(
+            "mla_decode", q_lat, q_rot.contiguous(), store["kv"], store["k_rot"], batch.block_tables,
+            batch.attn.context_lens, batch.block_size, self.scale,
+        )  # fmt: skip
+        return torch.einsum("thc,hdc->thd", o_lat, w_uv)  # [B, H, v_head]
+
     def forward(self, x: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
         t = x.shape[0]
         q = self._queries(x).view(t, self.num_heads, self.nope + self.rope_dim)
         q_nope, q_rot = q.split([self.nope, self.rope_dim], dim=-1)
         latent, k_rot = self.kv_a_proj(x).split([self.rank, self.rope_dim], dim=-1)
-        latent = self.kv_a_norm(latent)
-        q = torch.cat((q_nope, self.rope(q_rot, batch.positions)), dim=-1)
-        k_rot = self.rope(k_rot[:, None, :], batch.positions)[:, 0]
-        o = attend_batch(self.layer, batch, cache, q, {"kv": latent, "k_rot": k_rot}, self._expand, scale=self.scale, ops=self.ops)
+        new = {"kv": self.kv_a_norm(latent), "k_rot": self.rope(k_rot[:, None, :], batch.positions)[:, 0]}
+        q_rot = self.rope(q_rot, batch.positions)
+        if cache is not None and batch.attn.decode:
+            o = self._decode(q_nope, q_rot, new, batch, cache)
+        else:
+            q = torch.cat((q_nope, q_rot), dim=-1)
+            o = attend_batch(self.layer, batch, cache, q, new, self._expand, scale=self.scale, ops=self.ops)
         return self.o_proj(o.reshape(t, self.num_heads * self.v_dim))

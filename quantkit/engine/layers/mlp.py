@@ -1,4 +1,14 @@
-"""Dense SwiGLU MLP (Qwen3, DeepSeek's dense layers and shared experts): down(silu(gate(x)) * up(x))."""
+"""Dense SwiGLU MLP (Qwen3, DeepSeek's dense layers and shared experts): down(silu(gate(x)) * up(x)).
+
+When the down projection quantizes its input (fp8-block / mxfp8 weights with dynamic activation
+quantization) and the activations are bfloat16, silu(g) * u and that quantization run as one op,
+``silu_mul_act_quant`` (quantkit/kernels/fused_act_quant_ref.py), whose E4M3 bytes and scales go
+straight to the down projection's GEMM: the product is never written out in bf16 and read back.
+The op's SiLU uses a specified exp (Cephes expf, so Triton reproduces it bit for bit); rounded to
+bfloat16 it equals torch's ``silu`` for every bfloat16 input (tested), so the fused path computes
+the same bytes as :meth:`MLP.unfused`.  In float32 the two differ by an ulp at times, so float32
+activations keep the unfused formula with torch's ``silu``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +17,8 @@ from torch import nn
 
 from ..qlinear import Linear
 
+FUSED_DTYPES = (torch.bfloat16,)  # activation dtypes where silu_mul_act_quant equals the unfused path
+
 
 class MLP(nn.Module):
     def __init__(self, gate_proj: Linear, up_proj: Linear, down_proj: Linear) -> None:
@@ -14,4 +26,13 @@ class MLP(nn.Module):
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        act = self.down_proj.weight.act
+        if act is None or x.dtype not in FUSED_DTYPES:
+            return self.unfused(x)
+        g, u = self.gate_proj(x), self.up_proj(x)
+        a, s = self.down_proj.weight.ops.call("silu_mul_act_quant", g, u, act.kind, act.scale_fmt, act.rule)
+        return self.down_proj.quantized(a, s, g.dtype)
+
+    def unfused(self, x: torch.Tensor) -> torch.Tensor:
+        """down(silu(gate(x)) * up(x)) with torch's silu, the activation quantized inside ``down_proj``."""
         return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -106,6 +106,9 @@ def run_target(src: Path, to: str, args: argparse.Namespace) -> dict:
 
     dst = args.work / f"gpt-oss-20b-L{args.layers}-{to}"
     opts = ConvertOptions(to=to, device=args.device, workers=args.workers, force=True)
+    if args.warmup:  # compiles the kernels into Triton's on-disk cache, as any earlier run on the machine has
+        convert(src, dst, opts)
+        shutil.rmtree(dst)
     os.sync()  # start each timing without another run's dirty pages in flight
     cpu0 = cpu_seconds()
     rep = convert(src, dst, opts)
@@ -160,7 +163,9 @@ def report(rows: list[dict], args: argparse.Namespace) -> str:
              f"`quantkit convert` of a full-width synthetic GPT-OSS-20B cut to {args.layers} layer(s) (MXFP4 experts; "
              f"source fill: {args.fill}), --device {args.device}, --workers {args.workers}. CPU: {env['cpu']}; GPU: {env['gpu']}; "
              f"{env['os']}; python {env['python']}, torch {env['torch']}, triton {env['triton']}, safetensors {env['safetensors']}, "
-             f"quantkit {env['quantkit']}. Load average {args.load:.1f} when the conversions started.", "",
+             f"quantkit {env['quantkit']}. Load average {args.load:.1f} when the conversions started. "
+             + ("Each target was converted once untimed first (Triton's kernel cache warm, as after any earlier run on the machine; "
+                "a cold first run adds the kernels' compile time)." if args.warmup else "No untimed warm-up run."), "",
              f"Command: `{cmd}`", "", *table(rows), "",
              "Source / output GB/s = tensor bytes read / written per second of the whole conversion (planning, "
              "numerics, per-tensor fidelity, sha256, writing). I/O floor = plain read() of the source shards plus "
@@ -180,7 +185,10 @@ def main() -> None:
     p.add_argument("--fill", choices=["fast", "synth"], default="fast")
     p.add_argument("--append", type=Path, default=None, help="markdown file to append the section to (docs/benchmarks.md)")
     p.add_argument("--keep", action="store_true", help="keep the source and outputs")
+    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
+                   help="convert once untimed first (default: on with --device cuda, where a cold run also compiles the Triton kernels)")
     args = p.parse_args()
+    args.warmup = args.device == "cuda" if args.warmup is None else args.warmup
     args.work.mkdir(parents=True, exist_ok=True)
     src = make_source(args)
     args.load = os.getloadavg()[0]

@@ -74,8 +74,11 @@ class MoeConfig:
 # fused_moe fp8 tables use 16 x 32..64 there); prefill is compute bound: 64..128 x 128 tiles.
 # With very few tokens, re-quantizing a block's rows in each of its ~90 programs costs less
 # than the two quantization launches it saves (it grows with T: off above 0.5 pairs/expert).
+# Split-K (auto for few pairs) gains little there (T=1: 16x32/32 unsplit 0.0895 ms, 2 splits
+# 0.0897, 6 splits 0.0967; 16x64/64 unsplit 0.0813, auto 0.0783): those launches are not short
+# of programs, each is held back by its own per-K-step latency.
 MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
-    (0.5, MoeConfig(16, 32, 32, num_warps=4, num_stages=4, fuse_quant=True)),
+    (0.5, MoeConfig(16, 64, 64, num_warps=4, num_stages=4, fuse_quant=True)),  # H200 GPT-OSS-120B T=1: 0.078 ms vs 0.086 (16x32/32)
     (8, MoeConfig(16, 32, 32, num_warps=4, num_stages=4)),
     (48, MoeConfig(32, 64, 64, num_warps=4, num_stages=4)),
     (160, MoeConfig(64, 64, 128, num_warps=4, num_stages=3)),

@@ -151,10 +151,13 @@ def test_triton_ragged_contexts(triton_device, dtype, bs):
     kv, k_rot, bt, ctx = latent_cache(lens, 32, 16, bs, dtype, triton_device)
     q_lat, q_rot = queries(len(lens), 4, 32, 16, dtype, triton_device)
     want = ref_ops.mla_decode(*f32(q_lat, q_rot, kv, k_rot), bt, ctx, bs, 0.2)
+    # compiled, bf16 operands feed bf16 tensor-core dots (the softmax weights rounded to bf16, as
+    # FlashAttention and FlashInfer do; measured on the H200: up to 1.7e-3 off); the interpreter's dots run in float32
+    tol = GPU_TOL if triton_device.type == "cuda" and dtype == torch.bfloat16 else TOL[dtype]
     for splits in (0, 1, 3):  # 0: from the shapes; 3 leaves some splits of short contexts empty
         got = triton(q_lat, q_rot, kv, k_rot, bt, ctx, bs, 0.2, config=MLAConfig(16, 16, 1, 1, splits))
         assert got.dtype == dtype
-        assert_close(got, want, *TOL[dtype], f"mla decode bs={bs} splits={splits}")
+        assert_close(got, want, *tol, f"mla decode bs={bs} splits={splits}")
 
 
 def test_triton_head_blocks_odd_rank_and_int64_tables(triton_device):

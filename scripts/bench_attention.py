@@ -253,12 +253,12 @@ def bench_decode(b: Bench, sh: Shapes, fi, fi_backends: list[str]) -> None:
         del kc, vc
 
 
-PREFILL_SWEEP = ((128, 64, 4, 3), (128, 64, 4, 2), (128, 64, 4, 4), (128, 128, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3),
-                 (64, 128, 4, 3), (128, 64, 8, 3), (128, 128, 4, 2), (256, 64, 8, 2))
+PREFILL_SWEEP = ((128, 64, 4, 3), (128, 64, 4, 2), (128, 64, 4, 4), (128, 128, 8, 3), (128, 128, 8, 2), (128, 128, 8, 4),
+                 (128, 32, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 8, 3), (128, 128, 4, 2), (256, 64, 8, 2), (256, 128, 8, 2))
 DECODE_SWEEP = ((64, 4, 3), (32, 4, 3), (128, 4, 3), (128, 8, 3), (64, 4, 2), (64, 4, 4), (256, 8, 3), (128, 4, 4), (32, 2, 4))
 
 
-def bench_sweep(b: Bench, sh: Shapes) -> None:
+def bench_sweep(b: Bench, sh: Shapes, parts: list[str]) -> None:
     """Triton launch configurations: decode (block_n, warps, stages) first (quicker to compile),
     then prefill (block_m, block_n, warps, stages), until the budget runs out."""
     torch = b.torch
@@ -266,7 +266,7 @@ def bench_sweep(b: Bench, sh: Shapes) -> None:
     from quantkit.kernels import attention_triton_decode as trid
 
     scale = sh.d**-0.5
-    for n, ctx in ((sh.batch[0], sh.ctx[-1]), (sh.batch[-1], sh.ctx[1])):
+    for n, ctx in ((sh.batch[0], sh.ctx[-1]), (sh.batch[-1], sh.ctx[1])) if "decode" in parts else ():
         kc, vc, bt, lens, q, sinks = decode_inputs(torch, b.device, sh, n, ctx)
         check = decode_check(torch, q, kc, vc, bt, ctx, sinks, None, scale)
         for cfg in (trid.DecodeConfig(*c) for c in DECODE_SWEEP):
@@ -276,6 +276,8 @@ def bench_sweep(b: Bench, sh: Shapes) -> None:
             b.measure("decode", f"B={n} ctx={ctx}", (n, ctx, sh.d), f"triton {cfg.name()}", run, 4.0 * n * sh.hq * sh.d * ctx,
                       2.0 * n * ctx * sh.hkv * 2 * sh.d, b.peaks[1], check, note="sweep")
         del kc, vc
+    if "prefill" not in parts:
+        return
     g, n = torch.Generator().manual_seed(1), sh.prefill["single"][0]
     q, k, v = (torch.randn(n, h, sh.d, generator=g).to(torch.bfloat16).to(b.device) for h in (sh.hq, sh.hkv, sh.hkv))
     sinks = torch.randn(sh.hq, generator=g).to(b.device)
@@ -342,6 +344,7 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=240.0, help="start no new decode or sweep case after this many seconds")
     p.add_argument("--fi-backends", default="auto", help="comma list of FlashInfer backends (auto, fa2, fa3); '' for none")
     p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--parts", nargs="+", choices=("prefill", "decode"), default=["prefill", "decode"], help="which ops to time (and sweep)")
     p.add_argument("--warmup-ms", type=int, default=10)
     p.add_argument("--rep-ms", type=int, default=40)
     p.add_argument("--append", nargs="?", const=str(ROOT / "docs" / "benchmarks.md"), default=None)
@@ -366,11 +369,12 @@ def main() -> None:
     b.log(f"bench_attention: {gpu} {versions}")
     t0 = time.monotonic()
     for section in (bench_prefill, bench_decode):
-        b.log(f"## {section.__name__} ({left(b):.0f} s left)")
-        section(b, sh, fi, fi_backends)
+        if section.__name__.removeprefix("bench_") in args.parts:
+            b.log(f"## {section.__name__} ({left(b):.0f} s left)")
+            section(b, sh, fi, fi_backends)
     if args.sweep:
         b.log(f"## sweep ({left(b):.0f} s left)")
-        bench_sweep(b, sh)
+        bench_sweep(b, sh, args.parts)
     short = write_report(b, versions, sh, args.append)
     failed = [r for r in b.rows if r.check.startswith(("FAIL", "error"))]
     b.log(f"\n==== sink attention ({time.monotonic() - t0:.0f} s, {len(b.rows)} rows, {len(failed)} failed checks or errors; "

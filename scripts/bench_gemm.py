@@ -59,7 +59,9 @@ def skinny_candidates(m: int) -> list:
     from quantkit.kernels.gemm_skinny import SkinnyConfig as S
 
     c = [S(64), S(64, waves=2), S(64, waves=8, min_kb=1), S(64, split_k=1), S(32), S(128), S(128, num_warps=8),
-         S(64, num_stages=2), S(64, num_stages=6), S(32, waves=8, num_stages=6)]  # fmt: skip
+         S(64, num_stages=2), S(64, num_stages=6), S(32, waves=8, num_stages=6),
+         S(128, num_warps=8, num_stages=6), S(128, num_warps=8, waves=8), S(256, num_warps=8, num_stages=3), S(64, num_stages=8),
+         S(32, num_warps=2, waves=8, num_stages=6)]  # fmt: skip
     if m == 1:
         c += [S(64, dot=False, block_m=1), S(32, dot=False, block_m=1), S(128, dot=False, block_m=1, chunk=64, num_warps=8)]
     elif m <= 16:

@@ -337,3 +337,18 @@ def test_gpu_cuda_graph_replays_match_eager(gen, m, cfg):
         torch.cuda.synchronize()
         assert torch.equal(out, call()), f"graph replay differs from eager ({cfg.name()})"
         assert not ws.counters(1, a.device).any()
+
+
+def test_table_halves_split_k_programs_for_large_weights_at_small_m():
+    from quantkit.kernels.gemm_block_scaled import Side
+    from quantkit.kernels.gemm_fp8_block import LARGE_WEIGHT_BYTES, table_config
+    from quantkit.kernels.gemm_skinny import SkinnyConfig
+
+    def sides(n: int) -> tuple[Side, Side]:
+        a = torch.zeros(1, 4096, dtype=torch.float8_e4m3fn)
+        w = torch.empty(n, 4096, dtype=torch.float8_e4m3fn)  # n * 4096 bytes
+        return Side(a, torch.ones(1, 32), 1, 128), Side(w, torch.ones(-(-n // 128), 32), 128, 128)
+
+    small, large = table_config(FP8_BLOCK_CONFIGS, *sides(1024)), table_config(FP8_BLOCK_CONFIGS, *sides(LARGE_WEIGHT_BYTES // 4096))
+    assert isinstance(small, SkinnyConfig) and isinstance(large, SkinnyConfig)
+    assert small == FP8_BLOCK_CONFIGS[0][1] and large.waves == 2 < small.waves

@@ -45,6 +45,24 @@ def start_device(args):
     return torch, torch.device(args.device)
 
 
+def load_flashinfer(cuda: bool, fi_backends: str, versions: dict[str, str], module: str) -> tuple[object | None, list[str]]:
+    """(quantkit's FlashInfer backend ``module`` of quantkit.kernels or None, the FlashInfer backend
+    names to time); records FlashInfer's version, or why it is absent, in ``versions``."""
+    names = [x for x in fi_backends.split(",") if x] if cuda else []
+    if not names:
+        return None, names
+    try:
+        import importlib
+
+        import flashinfer
+
+        versions["flashinfer"] = flashinfer.__version__
+        return importlib.import_module(f"quantkit.kernels.{module}"), names
+    except Exception as err:  # noqa: BLE001 -- logged and in the report; the other rows still run
+        versions["flashinfer"] = f"absent ({type(err).__name__}: {str(err)[:80]})"
+        return None, names
+
+
 def time_ms(fn: Callable[[], object], cuda: bool, warmup_ms: int, rep_ms: int) -> float:
     """Median time of ``fn`` in ms: triton's do_bench (L2 flushed) on CUDA, median of 3 on CPU."""
     if cuda:

@@ -42,7 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import Bench, Row, close_check, fmt, pct, start_device  # noqa: E402  (shared timers, rows, log)
+from bench_common import Bench, Row, close_check, fmt, load_flashinfer, pct, start_device  # noqa: E402  (shared timers, rows, log)
 from bench_kernels import environment  # noqa: E402
 
 PAGE = 16
@@ -240,16 +240,7 @@ def main() -> None:
     gpu, peaks, versions = environment(torch, device)
     b = Bench(torch, device, gpu, peaks, args.out, args.warmup_ms, args.rep_ms, time.monotonic() + args.budget_s)
     sh = CPU_SHAPES if device.type == "cpu" else Shapes()
-    fi, fi_backends = None, [x for x in args.fi_backends.split(",") if x] if b.cuda else []
-    if fi_backends:
-        try:
-            import flashinfer
-
-            from quantkit.kernels import mla_flashinfer as fi
-
-            versions["flashinfer"] = flashinfer.__version__
-        except Exception as err:  # noqa: BLE001 -- logged and in the report; the Triton rows still run
-            versions["flashinfer"] = f"absent ({type(err).__name__}: {str(err)[:80]})"
+    fi, fi_backends = load_flashinfer(b.cuda, args.fi_backends, versions, "mla_flashinfer")
     b.log(f"bench_mla: {gpu} {versions}")
     t0 = time.monotonic()
     b.log(f"## decode ({left(b):.0f} s left)")

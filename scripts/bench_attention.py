@@ -38,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import Bench, Row, fmt, load_flashinfer, pct, start_device  # noqa: E402  (shared timers, rows, log)
+from bench_common import Bench, Row, fmt, lazy, load_flashinfer, pct, start_device  # noqa: E402  (shared timers, rows, log)
 from bench_kernels import environment  # noqa: E402
 
 HQ, HKV, D, WINDOW, PAGE = 64, 8, 64, 128, 16
@@ -101,18 +101,6 @@ class Shapes:
     batch: tuple[int, ...] = DECODE_BATCH
     ctx: tuple[int, ...] = DECODE_CTX
     window: int = WINDOW
-
-
-def lazy(make: Callable[[], Callable[[], object]]) -> Callable[[], object]:
-    """A timed call whose setup (FlashInfer plan / JIT) runs on the first, untimed call, inside measure's error capture."""
-    box: list[Callable[[], object]] = []
-
-    def fn() -> object:
-        if not box:
-            box.append(make())
-        return box[0]()
-
-    return fn
 
 
 def prefill_reference(torch, q, k, v, lens, sinks, window, scale):

@@ -42,7 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import Bench, Row, close_check, fmt, load_flashinfer, pct, start_device  # noqa: E402  (shared timers, rows, log)
+from bench_common import Bench, Row, close_check, fmt, lazy, load_flashinfer, pct, start_device  # noqa: E402  (shared timers, rows, log)
 from bench_kernels import environment  # noqa: E402
 
 PAGE = 16
@@ -112,18 +112,6 @@ def checker(args, scale: float) -> Callable[[object], str]:
 def measure(b: Bench, sh: Shapes, n: int, ctx: int, backend: str, fn: Callable[[], object], check, note: str = "") -> Row:
     return b.measure("mla decode", f"B={n} ctx={ctx}", (n, ctx, sh.rank), backend, fn, sh.step_flops(n, ctx), sh.step_bytes(n, ctx),
                      b.peaks[1], check, note)  # fmt: skip
-
-
-def lazy(make: Callable[[], Callable[[], object]]) -> Callable[[], object]:
-    """A timed call whose setup runs on the first call (bench_attention.lazy)."""
-    box: list[Callable[[], object]] = []
-
-    def fn() -> object:
-        if not box:
-            box.append(make())
-        return box[0]()
-
-    return fn
 
 
 def flashinfer_run(b: Bench, sh: Shapes, fi, backend: str, args) -> Callable[[], object]:

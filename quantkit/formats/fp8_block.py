@@ -103,7 +103,7 @@ def quantize_act(
     k = x.shape[-1]
     pk = (-k) % group
     xf = x.to(torch.float32)
-    g = torch.nn.functional.pad(xf, (0, pk)).reshape(*x.shape[:-1], -1, group)
+    g = torch.nn.functional.pad(xf, (0, pk)).reshape(*x.shape[:-1], (k + pk) // group, group)  # no -1: zero rows allowed
     s = _scale(g.abs().amax(-1), scale_fmt, rule)
     q = round_e4m3(xf / s.repeat_interleave(group, -1)[..., :k])
     return q, s

@@ -290,3 +290,9 @@ def test_rejected_inputs() -> None:
         fp8_block.quantize_weight(torch.ones(2, 2), "ue8m0", rule="nearest")
     with pytest.raises(ValueError, match=r"scale grid \(1, 1\) does not fit a weight of \(129, 4\)"):
         fp8_block.dequantize_weight(torch.zeros(129, 4, dtype=torch.float8_e4m3fn), torch.ones(1, 1))
+
+
+def test_act_quant_of_no_tokens() -> None:
+    """A batch with no tokens ([0, K], e.g. an empty MoE slot list) gives empty outputs, not an error."""
+    q, s = fp8_block.quantize_act(torch.zeros(0, 200))
+    assert q.shape == (0, 200) and q.dtype == torch.float8_e4m3fn and s.shape == (0, 2) and s.dtype == torch.float32

@@ -27,7 +27,10 @@ class DecoderLayer(nn.Module):
         self.input_layernorm, self.post_attention_layernorm = input_norm, post_attn_norm
 
     def forward(self, x: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), batch, cache)
+        if hasattr(self.self_attn, "forward_normed"):  # GQA attention: the norm may fuse with its input quantization
+            x = x + self.self_attn.forward_normed(self.input_layernorm, x, batch, cache)
+        else:
+            x = x + self.self_attn(self.input_layernorm(x), batch, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

@@ -28,7 +28,7 @@ from ...kernels.dispatch import Dispatcher
 from ..batch import Batch
 from ..kv_cache import KVCache
 from ..qlinear import Linear
-from .norm import RMSNorm
+from .norm import RMSNorm, norm_quantized
 from .rope import Rope
 
 Expand = Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
@@ -121,10 +121,21 @@ class Attention(nn.Module):
         return {"k": (self.num_kv_heads, self.head_dim), "v": (self.num_kv_heads, self.head_dim)}
 
     def forward(self, x: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        return self._attend(self.q_proj(x), self.k_proj(x), self.v_proj(x), batch, cache)
+
+    def forward_normed(self, norm: RMSNorm, x: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
+        """forward(norm(x)); the norm fused with the q/k/v projections' input quantization where
+        they all quantize alike (:func:`.norm.norm_quantized`)."""
+        a = norm_quantized(norm, (self.q_proj, self.k_proj, self.v_proj), x)
+        if a is None:
+            return self.forward(norm(x), batch, cache)
+        return self._attend(*(p.quantized(*a, x.dtype) for p in (self.q_proj, self.k_proj, self.v_proj)), batch, cache)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
+        t = q.shape[0]
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rope(q, batch.positions), self.rope(k, batch.positions)

@@ -4,14 +4,26 @@ y = x * rsqrt(mean(x**2) + eps) in float32, then times the weight.  Two orders e
 ``"hf"`` (transformers Llama/Qwen3/DeepseekV3: cast the normalised value back to the input dtype,
 then multiply by the weight in that dtype) and ``"f32"`` (transformers GptOss and the gpt-oss
 reference: multiply in float32, then cast).  They agree exactly in float32.
+
+:func:`norm_quantized`: when every projection that reads the normed x quantizes its input the
+same way (fp8-block / mxfp8 weights, dynamic activation quantization) and activations are bf16,
+the norm and that quantization run as one op, ``rmsnorm_act_quant``
+(quantkit/kernels/fused_act_quant_ref.py): x is read once and only E4M3 bytes + scales are
+written, once for all the projections instead of once each.  Its sum of squares has a specified
+order (torch's differs by device and size), so in bf16 it may differ from :class:`RMSNorm` by one
+bf16 ulp on a few elements (at most 2e-5 of them, measured at K = 256-7168); float32 activations
+keep the unfused path, where the engine must match transformers exactly.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 ORDERS = ("hf", "f32")
+FUSED_DTYPES = (torch.bfloat16,)  # activation dtypes where the fused op replaces norm + quantization
 
 
 class RMSNorm(nn.Module):
@@ -33,3 +45,18 @@ class RMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}, order={self.order}"
+
+
+def norm_quantized(norm: RMSNorm, consumers: Sequence[nn.Module], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(E4M3 bytes, scales) of norm(x) quantized as all ``consumers`` (Linear modules) quantize
+    their input, from one fused op; None when they do not all quantize alike (or x is not bf16,
+    or an "hf"-order norm's weight would promote the output): then run the norm and the projections."""
+    out_dtype = x.dtype if norm.order == "f32" else torch.promote_types(norm.weight.dtype, x.dtype)
+    if x.dtype not in FUSED_DTYPES or out_dtype != x.dtype or not consumers:
+        return None
+    acts = {getattr(c.weight, "act", None) for c in consumers}
+    if len(acts) != 1 or None in acts:
+        return None
+    act = acts.pop()
+    ops = consumers[0].weight.ops
+    return ops.call("rmsnorm_act_quant", x, norm.weight, norm.eps, act.kind, act.scale_fmt, act.rule, norm.order)

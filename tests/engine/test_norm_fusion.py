@@ -1,0 +1,76 @@
+"""The attention input norm fused with the q/k/v projections' activation quantization
+(``rmsnorm_act_quant``, :func:`quantkit.engine.layers.norm.norm_quantized`): used where every
+projection quantizes alike and activations are bf16, off otherwise; its bytes against the unfused
+norm + act_quant, and a whole model's logits with and without it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from quantkit.engine import load
+from quantkit.engine.layers import attention as attention_mod
+from quantkit.engine.layers.norm import RMSNorm, norm_quantized
+from quantkit.engine.qlinear import ActQuant
+from quantkit.formats import fp8_block, mxfp8
+
+from .tiny import requantize
+from .triton_forward import run
+
+
+class _W:  # a projection's weight as norm_quantized sees it
+    def __init__(self, act, ops=None):
+        from quantkit.kernels.dispatch import Dispatcher
+
+        self.act, self.ops = act, ops or Dispatcher("torch")
+
+
+class _Proj:
+    def __init__(self, act):
+        self.weight = _W(act)
+
+
+@pytest.mark.parametrize("act", [ActQuant("fp8-block"), ActQuant("fp8-block", "ue8m0", "rceil"), ActQuant("mxfp8", rule="floor")], ids=str)
+@pytest.mark.parametrize("order", ["hf", "f32"])
+def test_fused_bytes_match_norm_then_act_quant(act, order):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(257, 1024, generator=g) * 3).to(torch.bfloat16)
+    w = (torch.rand(1024, generator=g) + 0.5).to(torch.float32 if order == "f32" else torch.bfloat16)  # GPT-OSS keeps float32 norm weights
+    norm = RMSNorm(w, 1e-6, order)
+    q, s = norm_quantized(norm, [_Proj(act)] * 3, x)
+    h = norm(x)
+    rq, rs = fp8_block.quantize_act(h, act.scale_fmt, act.rule) if act.kind == "fp8-block" else mxfp8.quantize(h, act.rule)
+    codes, ref = q.view(torch.uint8).to(torch.int32), rq.view(torch.uint8).to(torch.int32)
+    # the fused norm sums squares in a specified order: a bf16 ulp on a few elements, then at most one E4M3 step
+    assert (codes != ref).float().mean().item() <= 1e-3
+    assert ((codes & 0x7F) - (ref & 0x7F)).abs().max().item() <= 1
+    assert (s != rs).float().mean().item() <= 1e-2
+
+
+def test_not_fused_when_projections_differ_or_float32():
+    x = torch.randn(4, 256)
+    norm = RMSNorm(torch.ones(256), 1e-6)
+    assert norm_quantized(norm, [_Proj(ActQuant("fp8-block"))] * 3, x) is None  # float32 activations
+    xb, nb = x.to(torch.bfloat16), RMSNorm(torch.ones(256, dtype=torch.bfloat16), 1e-6)
+    assert norm_quantized(nb, [_Proj(ActQuant("fp8-block")), _Proj(None), _Proj(ActQuant("fp8-block"))], xb) is None
+    assert norm_quantized(nb, [_Proj(ActQuant("fp8-block")), _Proj(ActQuant("fp8-block", "ue8m0"))], xb) is None
+    assert norm_quantized(nb, [_Proj(ActQuant("mxfp8"))] * 3, xb) is not None
+
+
+@pytest.mark.parametrize(("kind", "fmt"), [("qwen3", "fp8-block"), ("gpt-oss", "mxfp8")])
+def test_model_logits_with_and_without_the_fused_norm(tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, fmt: str) -> None:
+    q, _ = requantize(tiny(kind), tmp_path / fmt, fmt)
+    fused_model = load(q, "cpu", torch.bfloat16, backend="torch")
+    fused = run(fused_model)
+    assert "rmsnorm_act_quant" in fused_model.ops.ran
+    monkeypatch.setattr(attention_mod, "norm_quantized", lambda *a: None)
+    plain_model = load(q, "cpu", torch.bfloat16, backend="torch")
+    plain = run(plain_model)
+    assert "rmsnorm_act_quant" not in plain_model.ops.ran
+    for f, p in zip(fused, plain, strict=True):
+        assert (f - p).abs().max().item() <= 0.05 * max(1.0, p.abs().max().item())
+    f32 = load(q, "cpu", torch.float32, backend="torch")
+    run(f32)
+    assert "rmsnorm_act_quant" not in f32.ops.ran  # float32 keeps the unfused path (exact against transformers)

@@ -1,7 +1,7 @@
 """Options of ``quantkit convert`` and the rules that tie them together.
 
-Only the options that change output bytes (``to``, rounding, seed, scale rule and format,
-``ignore``, shard size) enter the resume job and ``quantkit.json``; ``workers`` and ``device``
+Only the options that change output bytes (``to``, rounding, seed and the rounding hash's id,
+scale rule and format, ``ignore``, shard size) enter the resume job and ``quantkit.json``; ``workers`` and ``device``
 change how fast the bytes are produced, never which bytes.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 
 from ..formats import e8m0
 from ..formats.fp8_block import SCALE_FMTS
-from ..formats.rounding import MODES, Rounding
+from ..formats.rounding import HASH_ID, MODES, Rounding
 
 TARGETS = ("fp8-block", "mxfp8", "bf16")
 DEVICES = ("cpu", "cuda")
@@ -64,6 +64,7 @@ class ConvertOptions:
         out["scale_rule"] = self.rule if uses_rule(self.to, scale_fmt) else None
         out["scale_fmt"] = scale_fmt
         out["seed"] = (self.seed or 0) if self.rounding == "stochastic" else None
+        out["rounding_hash"] = HASH_ID if self.rounding == "stochastic" else None
         return out
 
 

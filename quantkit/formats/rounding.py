@@ -30,6 +30,9 @@ from typing import Literal
 import torch
 
 MODES = ("nearest", "stochastic")
+# names the counter hash and the uniform's bits (module docstring): recorded with stochastic
+# outputs, so a checkpoint says which stream made its bytes and --resume refuses to mix two
+HASH_ID = "lowbias32x1-u20"
 _M32 = 0xFFFFFFFF
 MIX_C1 = 0x7FEB352D
 MIX_C2 = 0x846CA68B

@@ -140,6 +140,7 @@ def test_manifest_records_options_fingerprint_files_and_fidelity(synth, tmp_path
     m = json.loads((tmp_path / "o" / "quantkit.json").read_text())
     assert m["source"]["fingerprint"] == Checkpoint(src).fingerprint() and m["source"]["family"] == "gpt-oss"
     assert m["options"]["to"] == "mxfp8" and m["options"]["seed"] == 7 and m["options"]["scale_rule"] == "rceil"
+    assert m["options"]["rounding_hash"] == "lowbias32x1-u20"  # the stream that made the bytes (formats/rounding.py)
     for name, digest in m["files"].items():
         assert hashlib.sha256((tmp_path / "o" / name).read_bytes()).hexdigest() == digest, name
     assert "config.json" in m["files"] and "tokenizer.json" in m["files"]

@@ -139,9 +139,10 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def num_splits(batch: int, kv_heads: int, max_keys: int, block_n: int, device: torch.device) -> int:
-    """Splits per (sequence, kv head) from shapes only: about two programs per SM, at least one key block each."""
-    want = triton.cdiv(2 * _sm_count(device), batch * kv_heads)
+def num_splits(batch: int, head_groups: int, max_keys: int, block_n: int, device: torch.device) -> int:
+    """Splits per (sequence, head group: a kv head here, a head block in MLA) from shapes only: about
+    two programs per SM, at least one key block each."""
+    want = triton.cdiv(2 * _sm_count(device), batch * head_groups)
     return max(1, min(want, triton.cdiv(max_keys, block_n), MAX_SPLITS))
 
 
@@ -195,13 +196,21 @@ def attention_decode(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not final:
-        _decode_merge_kernel[(b, hq)](
-            part, lse, sink_arg, out,
-            part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1), out.stride(0), out.stride(1), splits,
-            BLOCK_S=pow2(splits, 2), HEAD_DV=dv, BLOCK_DV=pow2(dv), HAS_SINKS=sinks is not None,
-            num_warps=1 if interpreted() else 4,
-        )
+        merge_splits(part, lse, out, sinks)
     return out
+
+
+def merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, sinks: torch.Tensor | None = None) -> None:
+    """out [B, H, Dv] = the splits' partial outputs part float32 [B, H, S, Dv] weighted by their
+    log2-sum-exp2 lse float32 [B, H, S] (the sink, float32 [H] natural-log units, joins the
+    denominator); split-KV decode of the sink attention and of MLA."""
+    b, h, splits, dv = part.shape
+    _decode_merge_kernel[(b, h)](
+        part, lse, sinks if sinks is not None else part, out,
+        part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1), out.stride(0), out.stride(1), splits,
+        BLOCK_S=pow2(splits, 2), HEAD_DV=dv, BLOCK_DV=pow2(dv), HAS_SINKS=sinks is not None,
+        num_warps=1 if interpreted() else 4,
+    )
 
 
 dispatch.register("attention_decode", "triton", attention_decode, available=available, priority=PRIORITY)

@@ -13,7 +13,8 @@ read from HBM about once and from L2 by the other head blocks.  Online softmax i
 scale folded into log2 e), float32 scores and accumulators.
 
 Flash-decoding (Dao et al. 2023): with several splits each writes its normalised partial
-o = acc / l and lse = m + log2 l (float32), and a second kernel merges them:
+o = acc / l and lse = m + log2 l (float32), and the sink-attention decode's merge kernel
+(:func:`.attention_triton_decode.merge_splits`, no sink) combines them:
 with M = max_s lse_s, out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M).  With one split
 (large batches) the kernel writes the output directly.  The split count depends only on shapes
 (B, H, block table width), never on the context lengths' values, so a decode step can be
@@ -35,7 +36,7 @@ import triton.language as tl
 
 from . import dispatch
 from .attention_triton import LOG2E, check_index, check_layout, dot_dtype, pow2
-from .attention_triton_decode import MAX_SPLITS, _sm_count
+from .attention_triton_decode import merge_splits, num_splits
 from .mla import check_mla
 from .triton_numerics import PRIORITY, available, interpreted
 
@@ -115,29 +116,6 @@ def _mla_split_kernel(QL, QR, KV, KR, BT, CTX, O, OP, LSE,
         tl.store(LSE + b64 * sl_b + heads * sl_h + split, lse, mask=h_ok)
 
 
-@triton.jit
-def _mla_merge_kernel(OP, LSE, O, sop_b, sop_h, sop_s, sl_b, sl_h, so_b, so_h, num_splits,
-                      BLOCK_S: tl.constexpr, RANK: tl.constexpr, BLOCK_R: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    offs_s = tl.arange(0, BLOCK_S)
-    s_ok = offs_s < num_splits
-    offs_r = tl.arange(0, BLOCK_R)
-    r_ok = offs_r < RANK
-    lse = tl.load(LSE + b * sl_b + h * sl_h + offs_s, mask=s_ok, other=float("-inf"))
-    m = tl.max(lse, 0)  # finite: a context has >= 1 key, so some split is not empty
-    w = tl.exp2(lse - m)
-    o = tl.load(OP + b * sop_b + h * sop_h + offs_s[:, None] * sop_s + offs_r[None, :], mask=s_ok[:, None] & r_ok[None, :], other=0.0)
-    out = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
-    tl.store(O + b * so_b + h * so_h + offs_r, out.to(O.dtype.element_ty), mask=r_ok)
-
-
-def num_splits(batch: int, head_blocks: int, max_keys: int, block_n: int, device: torch.device) -> int:
-    """Splits per (sequence, head block) from shapes only: about two programs per SM, at least one chunk each."""
-    want = triton.cdiv(2 * _sm_count(device), batch * head_blocks)
-    return max(1, min(want, triton.cdiv(max_keys, block_n), MAX_SPLITS))
-
-
 def _check(q_lat, q_rot, kv, k_rot, block_tables, context_lens, block_size, cfg: MLAConfig) -> None:
     check_mla(q_lat, q_rot, kv, k_rot, block_tables, context_lens)
     dev = q_lat.device
@@ -185,11 +163,7 @@ def mla_decode(
         FINAL=final, DOT=dot, PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if not final:
-        _mla_merge_kernel[(b, h)](
-            part, lse, out, part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
-            out.stride(0), out.stride(1), splits, BLOCK_S=pow2(splits, 2), RANK=rank, BLOCK_R=pow2(rank),
-            num_warps=1 if interpreted() else 4,
-        )  # fmt: skip
+        merge_splits(part, lse, out)
     return out
 
 

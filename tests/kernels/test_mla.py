@@ -299,7 +299,7 @@ from quantkit.kernels import mla_triton as M
 
 DIV16 = {"sql_b", "sql_h", "sqr_b", "sqr_h", "skv_t", "skr_t", "so_b", "so_h", "sop_b", "sop_h", "sop_s", "sl_b", "sl_h"}
 def build(fn, consts, warps, stages):
-    io = {n: "*bf16" for n in ("QL", "QR", "KV", "KR", "O")} | {"BT": "*i32", "CTX": "*i32", "OP": "*fp32", "LSE": "*fp32", "qk_scale": "fp32"}
+    io = {n: "*bf16" for n in ("QL", "QR", "KV", "KR", "O")} | {"BT": "*i32", "CTX": "*i32", "OP": "*fp32", "LSE": "*fp32", "SINKS": "*fp32", "qk_scale": "fp32"}
     names = fn.arg_names  # what a launch specialises: 16-byte aligned pointers, strides divisible by 16
     sig = {n: "constexpr" if n in consts else io.get(n, "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*") or n in DIV16}
@@ -315,7 +315,8 @@ for final in (False, True):
         f.write(k.asm["cubin"]); f.flush()
         usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
     print(cfg.name(), usage.split("Resource usage:")[-1].strip()[:200])
-build(M._mla_merge_kernel, dict(BLOCK_S=64, RANK=512, BLOCK_R=512), 4, 1)
+from quantkit.kernels import attention_triton_decode as D  # the merge kernel MLA shares with sink-attention decode
+build(D._decode_merge_kernel, dict(BLOCK_S=64, HEAD_DV=512, BLOCK_DV=512, HAS_SINKS=False), 4, 1)
 print("compiled")
 '''
 

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from . import dispatch
 from .fused_moe_ref import ExpertWeights, MoeSpec, check_moe
-from .gemm_block_scaled import WORKSPACE
+from .gemm_block_scaled import WORKSPACE, split_reduce_pair
 from .group_quant import act_quant_fp8_block, mxfp8_quantize
 from .moe_routing import Alignment, align
 from .triton_numerics import (
@@ -177,34 +177,6 @@ def _bias(acc, bias_ptr, rows, col_ok, HAS_BIAS: tl.constexpr):
     return acc
 
 
-@triton.jit
-def _split_reduce_pair(acc_g, acc_u, part_ptr, count_ptr, tile, n_tiles, split, n_split, GATED: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
-    """Deterministic split-K of one tile's gate (and up) accumulators (gemm_block_scaled.split_reduce's
-    pattern): each split stores its partials at part[split, tile]; the last program to arrive sums
-    them in split order and resets the tile's counter.  Returns (is_last, gate sum, up sum)."""
-    HALVES: tl.constexpr = 2 if GATED else 1
-    size: tl.constexpr = BLOCK_M * BLOCK_N
-    loc = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-    base = part_ptr + tile.to(tl.int64) * (HALVES * size)
-    stride = n_tiles.to(tl.int64) * (HALVES * size)
-    tl.store(base + split * stride + loc, acc_g)
-    if GATED:
-        tl.store(base + split * stride + size + loc, acc_u)
-    tl.debug_barrier()  # every thread's partial is written before the counter is released
-    arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
-    last = arrived == n_split - 1
-    sum_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    sum_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if last:
-        for sp in range(0, n_split):
-            sum_g += tl.load(base + sp * stride + loc, cache_modifier=".cg")
-            if GATED:
-                sum_u += tl.load(base + sp * stride + size + loc, cache_modifier=".cg")
-        tl.store(count_ptr + tile, 0)  # zero again for the next launch (and every graph replay)
-    return last, sum_g, sum_u
-
-
 @triton.jit(do_not_specialize=["n_slots", "up_off", "EM", "kb_per_split"])
 def _moe_gemm_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ptr, npad_ptr, part_ptr, count_ptr,
@@ -264,7 +236,7 @@ def _moe_gemm_kernel(
                 acc_u = _mma(acc_u, a, wu, sa, su, W_UNIFORM, UPCAST, UP_DTYPE)
 
     if HAS_SPLIT:
-        last, acc_g, acc_u = _split_reduce_pair(acc_g, acc_u, part_ptr, count_ptr, tl.program_id(0), tl.num_programs(0),
+        last, acc_g, acc_u = split_reduce_pair(acc_g, acc_u, part_ptr, count_ptr, tl.program_id(0), tl.num_programs(0),
                                                 tl.program_id(1), tl.num_programs(1), GATED, BLOCK_M, BLOCK_N)  # fmt: skip
         if not last:
             return
@@ -318,7 +290,7 @@ def _gemm(a: torch.Tensor, sa: torch.Tensor | None, w: ExpertWeights, out: torch
     bias = w.bias if w.bias is not None else out
     cap = al.sorted_ids.shape[0]
     tiles = triton.cdiv(cap, al.block_m) * triton.cdiv(n_out, block_n)
-    split, per = moe_split(cfg, tiles, n_slots, al.block_m, n_out, block_n, k, out.device)
+    split, per = moe_split(cfg, tiles, n_slots, n_out, block_n, k, out.device)
     part, count = (out, out)
     if split > 1:
         part = WORKSPACE.partials(split * tiles * al.block_m * block_n * (2 if gated else 1), out.device)
@@ -337,7 +309,7 @@ def _gemm(a: torch.Tensor, sa: torch.Tensor | None, w: ExpertWeights, out: torch
     )  # fmt: skip
 
 
-def moe_split(cfg: MoeConfig, tiles: int, n_pairs: int, block_m: int, n_out: int, block_n: int, k: int, device: torch.device) -> tuple[int, int]:
+def moe_split(cfg: MoeConfig, tiles: int, n_pairs: int, n_out: int, block_n: int, k: int, device: torch.device) -> tuple[int, int]:
     """(K splits, 128-blocks per split) of one grouped GEMM.  Auto (``split_k`` 0): with few
     (token, slot) pairs the busy programs -- at most min(row blocks, pairs) x column tiles -- cannot
     fill ``waves`` per SM, so K is split until they can (at least 2 K-blocks per split); the

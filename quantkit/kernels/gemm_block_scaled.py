@@ -161,23 +161,38 @@ def promote(acc, d, xs, ys, X_UNIFORM: tl.constexpr, Y_UNIFORM: tl.constexpr):
 
 
 @triton.jit
-def split_reduce(acc, part_ptr, count_ptr, tile, n_tiles, split, n_split, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
-    """Deterministic split-K: store this split's [BLOCK_A, BLOCK_B] partial at
-    part[split, tile]; the last program to arrive at ``tile`` (an acq_rel counter, CUTLASS's
-    semaphore pattern) sums all partials in split order and resets the counter to zero.
-    Returns (is_last, sum)."""
+def split_reduce_pair(acc, acc2, part_ptr, count_ptr, tile, n_tiles, split, n_split, PAIR: tl.constexpr,
+                      BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):  # fmt: skip
+    """Deterministic split-K: store this split's [BLOCK_A, BLOCK_B] partial (and, with PAIR, a
+    second one beside it: a gated GEMM's gate and up) at part[split, tile]; the last program to
+    arrive at ``tile`` (an acq_rel counter, CUTLASS's semaphore pattern) sums all partials in split
+    order and resets the counter to zero.  Returns (is_last, sum, sum2; sum2 zeros without PAIR)."""
+    HALVES: tl.constexpr = 2 if PAIR else 1
+    size: tl.constexpr = BLOCK_A * BLOCK_B
     loc = tl.arange(0, BLOCK_A)[:, None] * BLOCK_B + tl.arange(0, BLOCK_B)[None, :]
-    base = part_ptr + tile.to(tl.int64) * (BLOCK_A * BLOCK_B)
-    stride = n_tiles.to(tl.int64) * (BLOCK_A * BLOCK_B)
+    base = part_ptr + tile.to(tl.int64) * (HALVES * size)
+    stride = n_tiles.to(tl.int64) * (HALVES * size)
     tl.store(base + split * stride + loc, acc)
+    if PAIR:
+        tl.store(base + split * stride + size + loc, acc2)
     tl.debug_barrier()  # every thread's partial is written before the counter is released
     arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
     last = arrived == n_split - 1
     total = tl.zeros((BLOCK_A, BLOCK_B), dtype=tl.float32)
+    total2 = tl.zeros((BLOCK_A, BLOCK_B), dtype=tl.float32)
     if last:
         for s in range(0, n_split):
             total += tl.load(base + s * stride + loc, cache_modifier=".cg")
+            if PAIR:
+                total2 += tl.load(base + s * stride + size + loc, cache_modifier=".cg")
         tl.store(count_ptr + tile, 0)  # zero again for the next launch (and every graph replay)
+    return last, total, total2
+
+
+@triton.jit
+def split_reduce(acc, part_ptr, count_ptr, tile, n_tiles, split, n_split, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):
+    """:func:`split_reduce_pair` of one accumulator: (is_last, sum)."""
+    last, total, _ = split_reduce_pair(acc, acc, part_ptr, count_ptr, tile, n_tiles, split, n_split, False, BLOCK_A, BLOCK_B)
     return last, total
 
 

@@ -38,7 +38,7 @@ ConfigTable = tuple[tuple[int, KernelConfig], ...]
 # programs per SM, which hides the promotion), TMA paid off from M = 4096; 128x256 spills.
 # M <= 64 is weight-bandwidth bound: the small-M kernel.
 FP8_BLOCK_CONFIGS: ConfigTable = (
-    (64, SkinnyConfig(block_n=64, waves=4, num_warps=4, num_stages=4)),
+    (64, SkinnyConfig(block_n=64, waves=4, large_waves=2, num_warps=4, num_stages=4)),
     (1024, Config(64, 128, group=8, num_warps=4, num_stages=4)),
     (INT32_LIMIT, Config(64, 128, group=8, tma=True, num_warps=4, num_stages=3)),
 )
@@ -51,18 +51,9 @@ def pick_config(table: ConfigTable, m: int) -> KernelConfig:
     raise ValueError(f"no GEMM configuration for M={m}")
 
 
-# Weights of at least this many bytes run the small-M kernel with 2 programs per SM, not 4: on the
-# H200 at M = 1 / 16 that was 4-29% faster on all three >= 30 MB shapes swept (DeepSeek-V3 o 117 MB,
-# q_b 38 MB, Qwen3-235B qkv 38 MB); smaller weights were not swept and keep the table's waves.
-LARGE_WEIGHT_BYTES = 30 * 2**20
-
-
 def table_config(table: ConfigTable, a: Side, w: Side) -> KernelConfig:
-    """The table's config for these operands: TMA only where rows are 16-byte aligned; fewer
-    split-K programs for large weights at small M."""
+    """The table's config for these operands: TMA only where rows are 16-byte aligned."""
     cfg = pick_config(table, a.q.shape[0])
-    if isinstance(cfg, SkinnyConfig) and not cfg.split_k and w.q.numel() * w.q.element_size() >= LARGE_WEIGHT_BYTES:
-        return replace(cfg, waves=min(cfg.waves, 2))
     if isinstance(cfg, Config) and cfg.tma and not tma_ok(a.q, w.q):
         return replace(cfg, tma=False, persistent=0)
     return cfg

@@ -339,16 +339,14 @@ def test_gpu_cuda_graph_replays_match_eager(gen, m, cfg):
         assert not ws.counters(1, a.device).any()
 
 
-def test_table_halves_split_k_programs_for_large_weights_at_small_m():
-    from quantkit.kernels.gemm_block_scaled import Side
-    from quantkit.kernels.gemm_fp8_block import LARGE_WEIGHT_BYTES, table_config
-    from quantkit.kernels.gemm_skinny import SkinnyConfig
+def test_small_m_takes_fewer_split_k_programs_for_large_weights():
+    """``large_waves`` applies from LARGE_WEIGHT_BYTES up (the FP8-block table sets it; MXFP8's does not)."""
+    from quantkit.kernels.gemm_mxfp8 import MXFP8_CONFIGS
+    from quantkit.kernels.gemm_skinny import LARGE_WEIGHT_BYTES, SkinnyConfig, skinny_split
 
-    def sides(n: int) -> tuple[Side, Side]:
-        a = torch.zeros(1, 4096, dtype=torch.float8_e4m3fn)
-        w = torch.empty(n, 4096, dtype=torch.float8_e4m3fn)  # n * 4096 bytes
-        return Side(a, torch.ones(1, 32), 1, 128), Side(w, torch.ones(-(-n // 128), 32), 128, 128)
-
-    small, large = table_config(FP8_BLOCK_CONFIGS, *sides(1024)), table_config(FP8_BLOCK_CONFIGS, *sides(LARGE_WEIGHT_BYTES // 4096))
-    assert isinstance(small, SkinnyConfig) and isinstance(large, SkinnyConfig)
-    assert small == FP8_BLOCK_CONFIGS[0][1] and large.waves == 2 < small.waves
+    cfg = FP8_BLOCK_CONFIGS[0][1]
+    assert isinstance(cfg, SkinnyConfig) and cfg.large_waves == 2 < cfg.waves
+    assert not MXFP8_CONFIGS[0][1].large_waves
+    k, tiles, sms = 16384, 112, 132  # DeepSeek-V3 o at M = 1: 7168 / 64 tiles
+    small, large = (skinny_split(cfg, tiles, k, 16, sms, nbytes)[0] for nbytes in (LARGE_WEIGHT_BYTES - 1, LARGE_WEIGHT_BYTES))
+    assert small == skinny_split(cfg, tiles, k, 16, sms)[0] and large < small

@@ -19,7 +19,7 @@ from .qlinear import Linear
 
 
 class DecoderLayer(nn.Module):
-    """x + attn(norm(x)), then x + mlp(norm(x))."""
+    """x + attn(norm(x)), then x + mlp(norm(x)); attention modules take the norm (``forward_normed``)."""
 
     def __init__(self, attn: nn.Module, mlp: nn.Module, input_norm: RMSNorm, post_attn_norm: RMSNorm) -> None:
         super().__init__()
@@ -27,10 +27,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm, self.post_attention_layernorm = input_norm, post_attn_norm
 
     def forward(self, x: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
-        if hasattr(self.self_attn, "forward_normed"):  # GQA attention: the norm may fuse with its input quantization
-            x = x + self.self_attn.forward_normed(self.input_layernorm, x, batch, cache)
-        else:
-            x = x + self.self_attn(self.input_layernorm(x), batch, cache)
+        x = x + self.self_attn.forward_normed(self.input_layernorm, x, batch, cache)  # the norm may fuse with q/k/v's input quantization
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

@@ -108,6 +108,11 @@ class MLA(nn.Module):
         )  # fmt: skip
         return torch.einsum("thc,hdc->thd", o_lat, w_uv)  # [B, H, v_head]
 
+    def forward_normed(self, norm: RMSNorm, x: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
+        """forward(norm(x)) (the decoder layers' interface, see :class:`.attention.Attention`); the
+        norm is not fused with the q_a / kv_a projections here."""
+        return self.forward(norm(x), batch, cache)
+
     def forward(self, x: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
         t = x.shape[0]
         q = self._queries(x).view(t, self.num_heads, self.nope + self.rope_dim)

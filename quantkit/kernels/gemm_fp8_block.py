@@ -20,6 +20,7 @@ measured crossover table :data:`.scaled_mm.BY_SHAPE_FP8`, and says which through
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -74,6 +75,30 @@ def flatten_act(a: torch.Tensor, a_scale: torch.Tensor) -> tuple[torch.Tensor, t
     return a.reshape(-1, a.shape[-1]), a_scale.reshape(-1, a_scale.shape[-1])
 
 
+def matmul(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    a_side: Callable[[torch.Tensor, torch.Tensor], Side],
+    w: Side,
+    table: ConfigTable,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    config: KernelConfig | None,
+    workspace: Workspace | None,
+) -> torch.Tensor:
+    """[..., K] activations (their operand built by ``a_side`` from the 2-D views) x the weight
+    operand -> out_dtype [..., N]; ``config`` or the table's for these operands."""
+    a2, s2 = flatten_act(a, a_scale)
+    sa = a_side(a2, s2)
+    out = run(sa, w, bias, out_dtype, config or table_config(table, sa, w), workspace)
+    return out if a.dim() == 2 else out.reshape(*a.shape[:-1], w.q.shape[0])
+
+
+def _act_side(q: torch.Tensor, s: torch.Tensor) -> Side:
+    """Activation rows with 1x128 scales (F32) as a GEMM operand."""
+    return Side(q, s if s.dtype == torch.float32 else s.to(torch.float32), 1, BLOCK_K)
+
+
 def gemm_fp8_block(
     a: torch.Tensor,
     a_scale: torch.Tensor,
@@ -86,11 +111,8 @@ def gemm_fp8_block(
     workspace: Workspace | None = None,
 ) -> torch.Tensor:
     """A E4M3 [..., K] (F32 1x128 scales [..., ceil(K/128)]) x W E4M3 [N, K] (F32 [ceil(N/128), ceil(K/128)]) -> [..., N]."""
-    a2, s2 = flatten_act(a, a_scale)
-    sa = Side(a2, s2 if s2.dtype == torch.float32 else s2.to(torch.float32), 1, BLOCK_K)
     sw = Side(w, w_scale if w_scale.dtype == torch.float32 else w_scale.to(torch.float32), BLOCK_K, BLOCK_K)
-    out = run(sa, sw, bias, out_dtype, config or table_config(FP8_BLOCK_CONFIGS, sa, sw), workspace)
-    return out if a.dim() == 2 else out.reshape(*a.shape[:-1], w.shape[0])
+    return matmul(a, a_scale, _act_side, sw, FP8_BLOCK_CONFIGS, bias, out_dtype, config, workspace)
 
 
 def gemm_fp8_block_by_shape(a, a_scale, w, w_scale, bias=None, out_dtype=torch.bfloat16) -> torch.Tensor:

@@ -34,7 +34,7 @@ from ..formats import e8m0, mxfp8
 from ..formats.fp8 import E4M3_MAX
 from . import dispatch
 from .gemm_block_scaled import BLOCK_K, INT32_LIMIT, Config, Side, Workspace, cdiv
-from .gemm_fp8_block import ConfigTable, KernelConfig, flatten_act, run, table_config
+from .gemm_fp8_block import ConfigTable, KernelConfig, flatten_act, matmul
 from .gemm_skinny import SkinnyConfig
 from .triton_numerics import PRIORITY, available, e8m0_decode
 
@@ -63,6 +63,16 @@ def _mx_scales(s: torch.Tensor) -> torch.Tensor:
     return s.view(torch.uint8)
 
 
+def _check_k(a: torch.Tensor) -> None:
+    if a.shape[-1] % MX:
+        raise ValueError(f"MXFP8 needs K to be a multiple of {MX}, got {a.shape[-1]}")
+
+
+def _mx_side(q: torch.Tensor, s: torch.Tensor) -> Side:
+    """MX activation rows (1x32 E8M0 scales) as a GEMM operand."""
+    return Side(q, _mx_scales(s), 1, MX)
+
+
 def gemm_mxfp8(
     a: torch.Tensor,
     a_scale: torch.Tensor,
@@ -75,12 +85,8 @@ def gemm_mxfp8(
     workspace: Workspace | None = None,
 ) -> torch.Tensor:
     """A E4M3 [..., K] + U8 [..., K/32] x W E4M3 [N, K] + U8 [N, K/32] -> out_dtype [..., N] (emulated MX)."""
-    if a.shape[-1] % MX:
-        raise ValueError(f"MXFP8 needs K to be a multiple of {MX}, got {a.shape[-1]}")
-    a2, s2 = flatten_act(a, a_scale)
-    sa, sw = Side(a2, _mx_scales(s2), 1, MX), Side(w, _mx_scales(w_scale), 1, MX)
-    out = run(sa, sw, bias, out_dtype, config or table_config(MXFP8_CONFIGS, sa, sw), workspace)
-    return out if a.dim() == 2 else out.reshape(*a.shape[:-1], w.shape[0])
+    _check_k(a)
+    return matmul(a, a_scale, _mx_side, Side(w, _mx_scales(w_scale), 1, MX), MXFP8_CONFIGS, bias, out_dtype, config, workspace)
 
 
 def gemm_mxfp8_w128(
@@ -95,13 +101,9 @@ def gemm_mxfp8_w128(
     workspace: Workspace | None = None,
 ) -> torch.Tensor:
     """MX activations (1x32 E8M0) x a weight from :func:`requant_weight_128` (power-of-two F32 128x128 scales)."""
-    if a.shape[-1] % MX:
-        raise ValueError(f"MXFP8 needs K to be a multiple of {MX}, got {a.shape[-1]}")
-    a2, s2 = flatten_act(a, a_scale)
+    _check_k(a)
     ws = w_scale if w_scale.dtype == torch.float32 else w_scale.to(torch.float32)
-    sa, sw = Side(a2, _mx_scales(s2), 1, MX), Side(w, ws, BLOCK_K, BLOCK_K, pow2=True)
-    out = run(sa, sw, bias, out_dtype, config or table_config(W128_CONFIGS, sa, sw), workspace)
-    return out if a.dim() == 2 else out.reshape(*a.shape[:-1], w.shape[0])
+    return matmul(a, a_scale, _mx_side, Side(w, ws, BLOCK_K, BLOCK_K, pow2=True), W128_CONFIGS, bias, out_dtype, config, workspace)
 
 
 @triton.jit
@@ -137,8 +139,7 @@ def _mm_f32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def gemm_mxfp8_bf16(a, a_scale, w, w_scale, bias=None, out_dtype=torch.bfloat16) -> torch.Tensor:
     """The MX function through exact bf16 dequantization and one float32-output bf16 GEMM (path 3)."""
-    if a.shape[-1] % MX:
-        raise ValueError(f"MXFP8 needs K to be a multiple of {MX}, got {a.shape[-1]}")
+    _check_k(a)
     a2, s2 = flatten_act(a, a_scale)
     y = _mm_f32(mx_to_bf16(a2.contiguous(), s2), mx_to_bf16(w, w_scale))  # [M, N] f32
     if bias is not None:

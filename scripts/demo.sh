@@ -6,11 +6,7 @@
 # Usage: scripts/demo.sh [WORKDIR]   (default: ./demo-out, replaced on every run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-. .venv/bin/activate
-python -m pip install -q --disable-pip-version-check "torch==2.13.0" || python -m pip install -q --disable-pip-version-check "torch>=2.11"
-python -m pip install -q --disable-pip-version-check -e ".[eval]"  # eval: transformers, the reference the last step compares against
+. scripts/venv.sh eval  # eval: transformers, the reference the last step compares against
 out=${1:-demo-out}
 rm -rf "$out"
 mkdir -p "$out"

@@ -24,7 +24,7 @@ import triton.language as tl
 from ..formats import e8m0, fp8_block
 from ..formats.rounding import NEAREST, Rounding
 from . import dispatch
-from .triton_numerics import PRIORITY, abs_max, available, check_input, divide, e4m3_code, fp8_block_scale, hw_e4m3, random20, stream_key_i32
+from .triton_numerics import PRIORITY, abs_max, available, check_input, divide, e4m3_code, fp8_block_scale, hw_e4m3, random20, stream_key_i32, wraps
 
 # launch configurations scripts/bench_formats.py sweeps (the first is the default); all give the same
 # bytes.  rows: tile rows per pass (128: the tile is loaded once and kept in registers; fewer: two
@@ -46,7 +46,7 @@ def _band(r0, ROWS: tl.constexpr, BLOCK: tl.constexpr, n_rows, n_cols, K):
 def _fp8_block_quant_kernel(
     x_ptr, q_ptr, s_ptr, N, K, tiles_n, tiles_k, k0, k1, offset,
     BLOCK: tl.constexpr, ROWS: tl.constexpr, UE8M0: tl.constexpr, RCEIL: tl.constexpr,
-    STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr,
+    STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr, WRAP: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     per_mat = tiles_n * tiles_k
@@ -61,7 +61,7 @@ def _fp8_block_quant_kernel(
         v = divide(x, s, tl.math.div_rn(1.0, s), UE8M0)
         rnd = tl.zeros_like(off).to(tl.uint32)  # unused when rounding to nearest
         if STOCHASTIC:
-            rnd = random20(base + offset, off, k0, k1)
+            rnd = random20(base + offset, off, k0, k1, WRAP)
         tl.store(q_ptr + base + off, e4m3_code(v, rnd, STOCHASTIC, HW_CAST), mask=mask)
     else:  # amax over row bands, then quantize band by band (the tile read back from L2)
         acc = tl.zeros([ROWS, BLOCK], dtype=tl.int32)
@@ -78,7 +78,7 @@ def _fp8_block_quant_kernel(
             v = divide(x, s, inv, UE8M0)
             rnd = tl.zeros_like(off).to(tl.uint32)
             if STOCHASTIC:
-                rnd = random20(base + offset, off, k0, k1)
+                rnd = random20(base + offset, off, k0, k1, WRAP)
             tl.store(q_ptr + base + off, e4m3_code(v, rnd, STOCHASTIC, HW_CAST), mask=mask)
     tl.store(s_ptr + pid, s)
 
@@ -118,7 +118,7 @@ def quantize_weight(
     if s.numel():
         _fp8_block_quant_kernel[(s.numel(),)](
             w, q.view(torch.uint8), s, n, k, tiles_n, tiles_k, k0, k1, rounding.offset,
-            BLOCK=block, ROWS=rows, UE8M0=scale_fmt == "ue8m0", RCEIL=rule == "rceil", STOCHASTIC=rounding.stochastic,
+            BLOCK=block, ROWS=rows, UE8M0=scale_fmt == "ue8m0", RCEIL=rule == "rceil", STOCHASTIC=rounding.stochastic, WRAP=wraps(rounding.offset, w.numel()),
             HW_CAST=hw_e4m3(w.device, hw_cast), num_warps=num_warps,
         )  # fmt: skip
     return q, s

@@ -38,6 +38,7 @@ from .triton_numerics import (
     pow2,
     random20,
     stream_key_i32,
+    wraps,
 )
 
 MODE_MX, MODE_FLOAT, MODE_UE8M0 = 0, 1, 2  # the kernel's MODE (compared as literals inside it)
@@ -65,7 +66,7 @@ ACT_TUNING: tuple[dict, ...] = (
 def _group_quant_kernel(
     x_ptr, q_ptr, s_ptr, M, K, n_groups, k0, k1, offset,
     G: tl.constexpr, BLOCK_M: tl.constexpr, GROUPS: tl.constexpr,
-    MODE: tl.constexpr, RCEIL: tl.constexpr, STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr,
+    MODE: tl.constexpr, RCEIL: tl.constexpr, STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr, WRAP: tl.constexpr,
 ):  # fmt: skip
     row0 = tl.program_id(0).to(tl.int64) * BLOCK_M
     grp0 = tl.program_id(1) * GROUPS
@@ -90,7 +91,7 @@ def _group_quant_kernel(
     v = divide(x, s[:, :, None], inv[:, :, None], MODE != 1)
     rnd = tl.zeros_like(off).to(tl.uint32)  # unused when rounding to nearest
     if STOCHASTIC:
-        rnd = random20(base + offset, off, k0, k1)
+        rnd = random20(base + offset, off, k0, k1, WRAP)
     tl.store(q_ptr + base + off, e4m3_code(v, rnd, STOCHASTIC, HW_CAST), mask=mask)
     smask = (r[:, None] < M - row0) & (g[None, :] < n_groups - grp0)
     tl.store(s_ptr + row0 * n_groups + grp0 + r[:, None] * n_groups + g[None, :], s_out, mask=smask)
@@ -117,7 +118,7 @@ def _launch(
         _group_quant_kernel[grid](
             x, q.view(torch.uint8), s, m, k, n_groups, k0, k1, rounding.offset,
             G=group, BLOCK_M=block_m, GROUPS=groups, MODE=mode, RCEIL=rule == "rceil",
-            STOCHASTIC=rounding.stochastic, HW_CAST=hw_e4m3(x.device, hw_cast), num_warps=num_warps,
+            STOCHASTIC=rounding.stochastic, WRAP=wraps(rounding.offset, x.numel()), HW_CAST=hw_e4m3(x.device, hw_cast), num_warps=num_warps,
         )  # fmt: skip
     return q, s
 

@@ -1,5 +1,6 @@
-"""The stochastic E4M3 byte of the Triton kernels (triton_numerics.e4m3_code_stochastic, integer
-arithmetic on the float32 bits) against formats.fp8.round_e4m3_given, given the same 20 random
+"""The stochastic E4M3 bytes of the Triton kernels (triton_numerics.e4m3_code_stochastic, integer
+arithmetic on the float32 bits, and e4m3_code_stochastic_hw, the float pipe plus the sm_90
+hardware cast, on the GPU) against formats.fp8.round_e4m3_given, given the same 20 random
 bits, over a sweep of float32 bit patterns of every binade (float32 subnormals, E4M3 subnormals,
 the 448 clamp, inf, NaN) and random bits at 0, at 2**20 - 1 and straddling each element's
 threshold; and that reference against exact rational arithmetic on a sample."""
@@ -15,7 +16,7 @@ import triton
 import triton.language as tl
 
 from quantkit.formats import fp8
-from quantkit.kernels.triton_numerics import e4m3_code_stochastic
+from quantkit.kernels.triton_numerics import e4m3_code_stochastic, e4m3_code_stochastic_hw, hw_e4m3
 
 from .kernel_cases import assert_same
 
@@ -26,17 +27,21 @@ pytestmark = [
 
 
 @triton.jit
-def _code_kernel(v_ptr, r_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def _code_kernel(v_ptr, r_ptr, out_ptr, n, BLOCK: tl.constexpr, HW: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     v = tl.load(v_ptr + i, mask=m, other=0.0)
     r = tl.load(r_ptr + i, mask=m, other=0).to(tl.uint32, bitcast=True)
-    tl.store(out_ptr + i, e4m3_code_stochastic(v, r), mask=m)
+    if HW:
+        code = e4m3_code_stochastic_hw(v, r)
+    else:
+        code = e4m3_code_stochastic(v, r)
+    tl.store(out_ptr + i, code, mask=m)
 
 
-def kernel_codes(v: torch.Tensor, r: torch.Tensor, device: torch.device) -> torch.Tensor:
+def kernel_codes(v: torch.Tensor, r: torch.Tensor, device: torch.device, hw: bool = False) -> torch.Tensor:
     out = torch.empty(v.shape, dtype=torch.uint8, device=device)
-    _code_kernel[(triton.cdiv(v.numel(), 1024),)](v.to(device), r.to(device), out, v.numel(), BLOCK=1024)
+    _code_kernel[(triton.cdiv(v.numel(), 1024),)](v.to(device), r.to(device), out, v.numel(), BLOCK=1024, HW=hw)
     return out.cpu().view(torch.float8_e4m3fn)
 
 
@@ -59,8 +64,11 @@ def sweep_values() -> torch.Tensor:
     return torch.cat([pats.view(torch.float32), near, -near, extra])
 
 
+@pytest.mark.parametrize("hw", [False, pytest.param(True, marks=pytest.mark.gpu)], ids=["integer", "hw-cast"])
 @pytest.mark.parametrize("which", ["random", "zero", "max", "threshold", "below-threshold"])
-def test_kernel_byte_equals_reference(triton_device, which):
+def test_kernel_byte_equals_reference(triton_device, which, hw):
+    if hw and not hw_e4m3(triton_device):
+        pytest.skip("the float-pipe byte needs the exact hardware cast (compiled Triton on NVIDIA sm_90+)")
     v = sweep_values()
     g = torch.Generator().manual_seed(11)
     if which == "random":
@@ -74,7 +82,7 @@ def test_kernel_byte_equals_reference(triton_device, which):
         r = f if which == "threshold" else (f - 1).clamp(min=0)
     u = r.to(torch.float32) * 2.0**-20
     want = fp8.round_e4m3_given(v, u)
-    got = kernel_codes(v, r.to(torch.int32), triton_device)
+    got = kernel_codes(v, r.to(torch.int32), triton_device, hw)
     assert_same(want, got, f"stochastic E4M3 bytes ({which} random bits)", v)
 
 

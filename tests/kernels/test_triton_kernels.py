@@ -18,7 +18,7 @@ import torch
 
 from quantkit.formats import fp8_block, mxfp4, mxfp8
 from quantkit.formats.rounding import Rounding
-from quantkit.kernels import dispatch, group_quant
+from quantkit.kernels import dispatch, group_quant, triton_numerics
 
 from .kernel_cases import assert_same, scale_one_rows, special_groups, wide_randn
 
@@ -135,6 +135,15 @@ def test_hardware_e4m3_cast_only_where_exact(triton_device):
     else:
         with pytest.raises(ValueError, match="not exact RNE"):
             group_quant.mxfp8_quantize(x, hw_cast=True)
+
+
+@pytest.mark.parametrize("offset", [0, 2**32 - 600, 2**32, 5 * 2**32 - 1])
+def test_wraps_says_when_a_low_word_wraps(offset):
+    """The kernels drop the per-element high-word select (WRAP=False) only where no flat index of
+    the tensor crosses a multiple of 2**32; checked against the indices themselves."""
+    for n in (0, 1, 599, 600, 601, 2**32, 2**32 + 1):
+        crosses = n > 0 and len({i >> 32 for i in (offset, offset + n - 1)}) == 2
+        assert triton_numerics.wraps(offset, n) == crosses, (offset, n)
 
 
 def test_mxfp8_rejects_partial_block(triton_device):

@@ -33,10 +33,16 @@ MAX_SPLITS = 64
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    block_n: int = 64
+    """Launch configuration.  Defaults: the best of 6 tiles x 17 split counts swept on the H200
+    (docs/benchmarks.md, "Sink attention decode: splits"): 128-key blocks, 2 stages, and splits for
+    about 4 programs per SM (4 fit per SM: one full wave; 3 per SM ran up to 9 points slower)."""
+
+    block_n: int = 128
     num_warps: int = 4
-    num_stages: int = 3
-    num_splits: int = 0  # 0: chosen from the SM count and the shapes
+    num_stages: int = 2
+    num_splits: int = 0  # 0: chosen from the SM count and the shapes (programs_per_sm, max_splits)
+    programs_per_sm: int = 4
+    max_splits: int = 128
 
     def name(self) -> str:
         return f"n{self.block_n}/w{self.num_warps}/st{self.num_stages}/s{self.num_splits or 'auto'}"
@@ -139,11 +145,15 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def num_splits(batch: int, head_groups: int, max_keys: int, block_n: int, device: torch.device) -> int:
-    """Splits per (sequence, head group: a kv head here, a head block in MLA) from shapes only: about
-    two programs per SM, at least one key block each."""
-    want = triton.cdiv(2 * _sm_count(device), batch * head_groups)
-    return max(1, min(want, triton.cdiv(max_keys, block_n), MAX_SPLITS))
+def num_splits(batch: int, head_groups: int, max_keys: int, block_n: int, device: torch.device,
+               programs_per_sm: int = 0, max_splits: int = MAX_SPLITS) -> int:
+    """Splits per (sequence, head group: a kv head here, a head block in MLA) from shapes only, at
+    least one key block each.  ``programs_per_sm`` > 0: as many splits as keep the programs within
+    that many per SM (rounded down: a partial second wave cost more than it gained); 0: at least
+    two programs per SM (rounded up; MLA's measured rule)."""
+    sms, groups = _sm_count(device), batch * head_groups
+    want = programs_per_sm * sms // groups if programs_per_sm else triton.cdiv(2 * sms, groups)
+    return max(1, min(want, triton.cdiv(max_keys, block_n), max_splits))
 
 
 def attention_decode(
@@ -179,7 +189,7 @@ def attention_decode(
     max_keys = block_tables.shape[1] * block_size
     if window is not None:
         max_keys = min(max_keys, window)
-    splits = cfg.num_splits or num_splits(b, hkv, max_keys, cfg.block_n, dev)
+    splits = cfg.num_splits or num_splits(b, hkv, max_keys, cfg.block_n, dev, cfg.programs_per_sm, cfg.max_splits)
     dot, precision = dot_dtype(q.dtype)
     group, final = hq // hkv, splits == 1
     # per-split o = acc / l and log2-sum-exp2; a single split writes the output directly

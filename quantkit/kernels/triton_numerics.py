@@ -167,14 +167,15 @@ def e4m3_code_stochastic_hw(v, r):
     (one FMA.RZ: t = |v|/ulp truncated to 20 fraction bits, with the float32 exponent of [8, 16)),
     else x = |v| (its low 20 bits are frac(t) * 2**20).  Adding 2**20 - 1 - r to the bits of x and
     clearing the low 20 carries exactly when r < frac(t) * 2**20, leaving an E4M3 value (below
-    2**-6, (x - 8) * 2**-9, exact); NaN keeps NaN; the sign is put back and the cast is exact.
+    2**-6, (x - 8) * 2**-9, exact); a NaN enters as 0x7FC00000, so it stays NaN; the sign is put
+    back and the cast is exact (NaN -> 0x7F with v's sign, as the reference).
     """
-    a = tl.minimum(tl.abs(v), 448.0)  # NaN -> 448 here, restored below
+    a = tl.minimum(tl.abs(v), 448.0, propagate_nan=tl.PropagateNan.ALL)
     sub = a < 0.015625
-    x = tl.where(sub, libdevice.fma_rz(a, 512.0, 8.0), a)
-    y = ((x.to(tl.int32, bitcast=True) + (0xFFFFF - r).to(tl.int32)) & -0x100000).to(tl.float32, bitcast=True)
+    x = tl.where(sub, libdevice.fma_rz(a, 512.0, 8.0), a).to(tl.int32, bitcast=True)
+    x = tl.minimum(x, 0x7FC00000)  # any NaN -> the quiet NaN with an empty low field: the carry stays inside
+    y = (((x + 0xFFFFF) - r.to(tl.int32)) & -0x100000).to(tl.float32, bitcast=True)
     y = tl.where(sub, tl.fma(y, 0.001953125, -0.015625), y)
-    y = tl.where(v != v, v, y)
     y = (y.to(tl.int32, bitcast=True) | (v.to(tl.int32, bitcast=True) & -0x80000000)).to(tl.float32, bitcast=True)
     return y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
 

@@ -24,6 +24,11 @@ TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1e-4, 2**-7)}  # interprete
 GPU_TOL = (1e-2, 1e-2)
 
 
+def tol(dtype: torch.dtype, device: torch.device) -> tuple[float, float]:
+    """The module docstring's tolerance for the Triton kernels on ``device``."""
+    return GPU_TOL if device.type == "cuda" and dtype == torch.bfloat16 else TOL[dtype]
+
+
 def assert_close(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float, what: str) -> None:
     """|out - ref| <= atol + rtol |ref| everywhere; on failure name the worst element."""
     assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
@@ -179,7 +184,7 @@ def test_triton_prefill_ragged(triton_device, dtype, d, window, with_sinks):
     want = ref_ops.attention_prefill(*f32(q, k, v), c, c, d**-0.5, s, window)
     got = triton("attention_prefill", q, k, v, c, c, d**-0.5, s, window)
     assert got.dtype == dtype
-    assert_close(got, want, *TOL[dtype], f"prefill d={d} window={window} sinks={with_sinks}")
+    assert_close(got, want, *tol(dtype, triton_device), f"prefill d={d} window={window} sinks={with_sinks}")
 
 
 @pytest.mark.parametrize("window", [None, 3, 7])
@@ -231,7 +236,7 @@ def test_triton_decode_paged(triton_device, dtype, bs, window):
     for splits in (0, 1, 3):  # 0: from the shapes; 3 leaves some splits of short sequences empty
         cfg = DecodeConfig(16, 1, 1, num_splits=splits)
         got = triton("attention_decode", q, kc, vc, bt, lens, bs, 0.25, sinks, window, config=cfg)
-        assert_close(got, want, *TOL[dtype], f"decode bs={bs} window={window} splits={splits}")
+        assert_close(got, want, *tol(dtype, triton_device), f"decode bs={bs} window={window} splits={splits}")
 
 
 def test_triton_decode_without_sinks_and_int64_tables(triton_device):

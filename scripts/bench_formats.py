@@ -285,8 +285,7 @@ def write_report(b: Bench, rows: list[Row], skipped: list[str], args: argparse.N
         "Triton on the whole tensor; the torch reference (quantkit.formats, same device) on its first chunk of "
         f"<= {CHUNK_ELEMS} elements, scaled to the whole tensor by element count.",
         "- GB/s = (bytes read + bytes written, once each) / Triton time. Inputs bf16 (MXFP4: random codes, scale bytes 117..130).",
-        f"- E4M3 rounding (nearest): {'hardware cast (cvt.rn.satfinite.e4m3x2.f32)' if hw_e4m3(b.device) else 'assembled byte'}; "
-        "stochastic rounding always assembles the byte.",
+        f"- E4M3 rounding: {'hardware cast (cvt.rn.satfinite.e4m3x2.f32); stochastic: carry-add on the float32 bits, then the same cast' if hw_e4m3(b.device) else 'assembled byte (nearest and stochastic)'}.",
         "- bit-exact: every output byte of the Triton run compared with the reference run chunk by chunk.",
         f"- Goal per bandwidth-bound case: >= {GOAL_HBM:.0%} of HBM and >= {GOAL_SPEEDUP:g}x the reference: met {len(met)}/{len(held)}.",
         "",

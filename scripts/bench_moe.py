@@ -62,15 +62,15 @@ CPU_MODELS = {  # interpreter smoke run: same rules and layouts, tiny dims (K = 
     "gpt-oss-120b": Model("gpt-oss-120b", 8, 160, 96, 4, "topk_softmax", "gpt-oss"),
     "deepseek-v3": Model("deepseek-v3", 16, 256, 128, 8, "grouped_sigmoid", "silu", MODELS["deepseek-v3"].route_kw),
 }
-DECODE_T, PREFILL_T, CHECK_T = (1, 4, 16, 64, 128), (8192,), (1, 128, 8192)
+DECODE_T, PREFILL_T, CHECK_T = (1, 4, 16, 64, 128), (8192,), (1, 4, 16, 128, 8192)
 CPU_T, CPU_CHECK_T = (1, 9), (1, 9)
 CPU_SWEEP = ((9, ((16, 32, 32, 4, 4, True),)),)
 GOALS = {"decode_hbm": 0.60, "prefill_fp8_peak": 0.50, "vs_loop": 3.0}
 SWEEP = (  # (T, configs: (block_m, block_n1, block_n2, warps, stages, fuse_quant[, split_k: 0 auto, 1 none])); the table's own are timed in the main pass
-    (1, ((16, 32, 32, 4, 4, True, 1), (16, 32, 32, 4, 4, True, 2), (16, 32, 32, 4, 4, True, 6), (16, 64, 64, 4, 4, True, 0),
-         (16, 16, 32, 4, 4, True, 0), (16, 32, 32, 4, 6, True, 0), (16, 64, 64, 4, 3, True, 1), (16, 32, 32, 2, 4, True, 0))),
-    (4, ((16, 32, 32, 4, 4, False, 1), (16, 32, 32, 4, 4, False, 2), (16, 64, 64, 4, 4, False, 2), (16, 32, 32, 4, 6, False, 0))),
-    (16, ((16, 32, 32, 4, 4, False, 1), (16, 64, 64, 4, 4, False, 0), (16, 64, 64, 4, 5, False, 1), (16, 128, 128, 4, 4, False, 1))),
+    (1, ((16, 64, 64, 4, 4, True, 0), (16, 64, 64, 4, 4, False, 0), (16, 64, 128, 4, 4, False, 1), (16, 64, 128, 4, 3, False, 0),
+         (16, 128, 128, 4, 4, False, 0), (16, 32, 64, 4, 4, False, 0))),
+    (4, ((16, 64, 64, 4, 4, True, 0), (16, 64, 64, 4, 4, False, 0), (16, 64, 128, 4, 3, False, 0), (16, 128, 128, 4, 4, False, 0))),
+    (16, ((16, 64, 64, 4, 4, True, 0), (16, 64, 64, 4, 4, False, 0), (16, 64, 128, 4, 3, False, 0), (16, 128, 128, 4, 4, False, 0))),
     (128, ((16, 32, 32, 4, 4, True), (16, 64, 64, 4, 4, False), (32, 64, 64, 4, 4, False))),
     (8192, ((128, 128, 128, 8, 3, False), (64, 64, 128, 4, 3, False), (64, 128, 128, 4, 4, False), (128, 64, 128, 8, 4, False))),
 )

@@ -72,14 +72,14 @@ class MoeConfig:
 # (largest average (token, slot) pairs per expert, config).  Decode is weight-bandwidth bound:
 # 16-row blocks and narrow N tiles so the few hit experts spread over every SM (vLLM H200
 # fused_moe fp8 tables use 16 x 32..64 there); prefill is compute bound: 64..128 x 128 tiles.
-# With very few tokens, re-quantizing a block's rows in each of its ~90 programs costs less
-# than the two quantization launches it saves (it grows with T: off above 0.5 pairs/expert).
-# Split-K (auto for few pairs) gains little there (T=1: 16x32/32 unsplit 0.0895 ms, 2 splits
-# 0.0897, 6 splits 0.0967; 16x64/64 unsplit 0.0813, auto 0.0783): those launches are not short
-# of programs, each is held back by its own per-K-step latency.
+# Few tokens (H200, GPT-OSS-120B and DeepSeek-V3 at T = 1 / 4 / 16, per-launch profiles with L2
+# flushed): quantizing x and the intermediate in two launches beat ``fuse_quant`` (each program
+# re-quantizing its rows) at every T, 4-14% of the MoE time, and 128-column GEMM-2 tiles cut
+# GEMM 2 by 4-26% (graph-timed MoE: GPT-OSS-120B T = 1 0.0652 ms against 0.0723 for the
+# fused-quantization 16x64/64 config).  Split-K (auto for few pairs) gains little at T = 1.
 MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
-    (0.5, MoeConfig(16, 64, 64, num_warps=4, num_stages=4, fuse_quant=True)),  # H200 GPT-OSS-120B T=1: 0.078 ms vs 0.086 (16x32/32)
-    (8, MoeConfig(16, 32, 32, num_warps=4, num_stages=4)),
+    (0.5, MoeConfig(16, 64, 128, num_warps=4, num_stages=4)),
+    (8, MoeConfig(16, 64, 64, num_warps=4, num_stages=4)),  # GPT-OSS-120B T=128: 0.871 ms vs 1.019 (16x32/32)
     (48, MoeConfig(32, 64, 64, num_warps=4, num_stages=4)),
     (160, MoeConfig(64, 64, 128, num_warps=4, num_stages=3)),
     (float("inf"), MoeConfig(128, 64, 128, num_warps=8, num_stages=3)),
@@ -177,6 +177,42 @@ def _bias(acc, bias_ptr, rows, col_ok, HAS_BIAS: tl.constexpr):
     return acc
 
 
+@triton.jit
+def _moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
+              s_am, s_asm, s_wn, s_wsn, GATED: tl.constexpr, A_KPS: tl.constexpr, A_E8M0: tl.constexpr,
+              W_RPS: tl.constexpr, W_KPS: tl.constexpr, W_E8M0: tl.constexpr, W_UNIFORM: tl.constexpr,
+              UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr, QMODE: tl.constexpr, RCEIL: tl.constexpr,
+              HW_CAST: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """One 128-column block of K: its SUB_K sub-blocks, each product promoted with both scales."""
+    offs_k = tl.arange(0, SUB_K)
+    for j in tl.static_range(BLOCK_K // SUB_K):
+        ks = kb * BLOCK_K + j * SUB_K + offs_k
+        a_ptrs = a_ptr + a_row[:, None] * s_am + ks[None, :]  # [BM, SUB_K]
+        wg_ptrs = w_e + row_g[None, :] * s_wn + ks[:, None]  # [SUB_K, BN]
+        if MASKED:
+            a = tl.load(a_ptrs, mask=(ks < K)[None, :], other=0.0)
+            wg = tl.load(wg_ptrs, mask=(ks < K)[:, None], other=0.0)
+        else:
+            a = tl.load(a_ptrs)
+            wg = tl.load(wg_ptrs)
+        wcol = (kb * BLOCK_K + j * SUB_K) // W_KPS
+        if QMODE >= 0:  # a holds x.dtype values: quantize its group (SUB_K columns) here
+            a, sa = _quant_group(a.to(tl.float32), QMODE, RCEIL, HW_CAST)
+        else:
+            sa = _scale(as_ptr, a_row, 0, s_asm, (kb * BLOCK_K + j * SUB_K) // A_KPS, AS_COLS, 1, False, A_E8M0)
+        sg = _scale(ws_e, row_g, row0, s_wsn, wcol, WS_COLS, W_RPS, W_UNIFORM, W_E8M0)
+        acc_g = _mma(acc_g, a, wg, sa, sg, W_UNIFORM, UPCAST, UP_DTYPE)
+        if GATED:
+            wu_ptrs = w_e + row_u[None, :] * s_wn + ks[:, None]
+            if MASKED:
+                wu = tl.load(wu_ptrs, mask=(ks < K)[:, None], other=0.0)
+            else:
+                wu = tl.load(wu_ptrs)
+            su = _scale(ws_e, row_u, row0 + up_off, s_wsn, wcol, WS_COLS, W_RPS, W_UNIFORM, W_E8M0)
+            acc_u = _mma(acc_u, a, wu, sa, su, W_UNIFORM, UPCAST, UP_DTYPE)
+    return acc_g, acc_u
+
+
 @triton.jit(do_not_specialize=["n_slots", "up_off", "EM", "kb_per_split"])
 def _moe_gemm_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ptr, npad_ptr, part_ptr, count_ptr,
@@ -187,7 +223,7 @@ def _moe_gemm_kernel(
     W_UNIFORM: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr,
     QMODE: tl.constexpr, RCEIL: tl.constexpr, HW_CAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, HAS_SPLIT: tl.constexpr,
+    GROUP_M: tl.constexpr, HAS_SPLIT: tl.constexpr,
 ):  # fmt: skip
     """out[slot, :N] for one BLOCK_M block of slots (one expert) and BLOCK_N output columns;
     program_id(1) picks the split of K (``kb_per_split`` 128-blocks each)."""
@@ -204,36 +240,19 @@ def _moe_gemm_kernel(
     row0 = pid_n * BLOCK_N * ROW_STEP
     w_e = w_ptr + e * s_we
     ws_e = ws_ptr + e * s_wse
-    offs_k = tl.arange(0, SUB_K)
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    n_full = K // BLOCK_K  # full 128-blocks run unmasked; the partial last one (GPT-OSS's 2880) masked
     kb_lo = tl.program_id(1) * kb_per_split
-    for kb in range(kb_lo, tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))):
-        for j in tl.static_range(BLOCK_K // SUB_K):
-            ks = kb * BLOCK_K + j * SUB_K + offs_k
-            a_ptrs = a_ptr + a_row[:, None] * s_am + ks[None, :]  # [BM, SUB_K]
-            wg_ptrs = w_e + row_g[None, :] * s_wn + ks[:, None]  # [SUB_K, BN]
-            if EVEN_K:
-                a = tl.load(a_ptrs)
-                wg = tl.load(wg_ptrs)
-            else:
-                a = tl.load(a_ptrs, mask=(ks < K)[None, :], other=0.0)
-                wg = tl.load(wg_ptrs, mask=(ks < K)[:, None], other=0.0)
-            wcol = (kb * BLOCK_K + j * SUB_K) // W_KPS
-            if QMODE >= 0:  # a holds x.dtype values: quantize its group (SUB_K columns) here
-                a, sa = _quant_group(a.to(tl.float32), QMODE, RCEIL, HW_CAST)
-            else:
-                sa = _scale(as_ptr, a_row, 0, s_asm, (kb * BLOCK_K + j * SUB_K) // A_KPS, AS_COLS, 1, False, A_E8M0)
-            sg = _scale(ws_e, row_g, row0, s_wsn, wcol, WS_COLS, W_RPS, W_UNIFORM, W_E8M0)
-            acc_g = _mma(acc_g, a, wg, sa, sg, W_UNIFORM, UPCAST, UP_DTYPE)
-            if GATED:
-                wu_ptrs = w_e + row_u[None, :] * s_wn + ks[:, None]
-                if EVEN_K:
-                    wu = tl.load(wu_ptrs)
-                else:
-                    wu = tl.load(wu_ptrs, mask=(ks < K)[:, None], other=0.0)
-                su = _scale(ws_e, row_u, row0 + up_off, s_wsn, wcol, WS_COLS, W_RPS, W_UNIFORM, W_E8M0)
-                acc_u = _mma(acc_u, a, wu, sa, su, W_UNIFORM, UPCAST, UP_DTYPE)
+    kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))
+    for kb in range(kb_lo, tl.minimum(kb_hi, n_full)):
+        acc_g, acc_u = _moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
+                                 s_am, s_asm, s_wn, s_wsn, GATED, A_KPS, A_E8M0, W_RPS, W_KPS, W_E8M0, W_UNIFORM, UPCAST, UP_DTYPE,
+                                 QMODE, RCEIL, HW_CAST, BLOCK_K, SUB_K, False)  # fmt: skip
+    if (kb_hi > n_full) & (kb_lo <= n_full):  # this split holds the partial last block
+        acc_g, acc_u = _moe_step(acc_g, acc_u, n_full, a_ptr, as_ptr, w_e, ws_e, a_row, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
+                                 s_am, s_asm, s_wn, s_wsn, GATED, A_KPS, A_E8M0, W_RPS, W_KPS, W_E8M0, W_UNIFORM, UPCAST, UP_DTYPE,
+                                 QMODE, RCEIL, HW_CAST, BLOCK_K, SUB_K, True)  # fmt: skip
 
     if HAS_SPLIT:
         last, acc_g, acc_u = split_reduce_pair(acc_g, acc_u, part_ptr, count_ptr, tl.program_id(0), tl.num_programs(0),
@@ -305,7 +324,7 @@ def _gemm(a: torch.Tensor, sa: torch.Tensor | None, w: ExpertWeights, out: torch
         UPCAST=cfg.upcast, UP_DTYPE=tl.float32 if interpreted() else tl.bfloat16,
         QMODE=qmode, RCEIL=spec.rule == "rceil", HW_CAST=hw_e4m3(a.device),
         BLOCK_M=al.block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K, SUB_K=128 if fp8b else 32,
-        GROUP_M=cfg.group_m, EVEN_K=k % BLOCK_K == 0, HAS_SPLIT=split > 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GROUP_M=cfg.group_m, HAS_SPLIT=split > 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 

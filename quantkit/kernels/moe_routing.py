@@ -24,11 +24,16 @@ fixed by the shapes alone, so a CUDA graph can hold them:
 * ``expert_ids`` int32 [cap / BLOCK_M]: the expert of each block, -1 for blocks past the end;
 * ``num_padded`` int32 [1]: the padded length actually used (kernels exit past it).
 
-:func:`align_torch` is the reference (sort + scatter); :func:`align_triton` is one Triton program
-that computes the same bytes in chunks (counts, exclusive scan, per-chunk ranks) in one launch,
-for decode; its work grows as T*k*E on one SM, so :func:`align` takes the torch sort for large
-T*k*E (prefill), where a few more launches do not matter.  Both are CUDA-graph safe.  Expert
-ids must lie in [0, E) (expert-parallel remapping happens before).
+:func:`align_torch` is the reference (sort + scatter); :func:`align_triton` computes the same
+bytes in one launch of one Triton program, for decode.  Up to ``SMALL_N_MAX`` pairs it compares
+the pairs with each other ([N, N] tiles, N = next power of two of n, work n**2 whatever E): a
+pair's rank is the number of earlier pairs on its expert, an expert's padded count is taken at
+its first pair, its start is the sum of those of lower experts.  Above, it works in chunks of
+pairs against all experts (counts, exclusive scan, per-chunk ranks); that work grows as T*k*E
+on one SM, so :func:`align` takes the torch sort for large T*k*E (prefill), where a few more
+launches do not matter.  All are CUDA-graph safe.  Expert ids must lie in [0, E)
+(expert-parallel remapping happens before); others fail as in torch's scatter: RuntimeError on
+the CPU, a device-side assertion on CUDA (no host sync).
 """
 
 from __future__ import annotations
@@ -128,7 +133,9 @@ def _align_kernel(
     c = tl.arange(0, CHUNK)
     counts = tl.zeros((E_P2,), dtype=tl.int32)
     for c0 in range(0, n, CHUNK):
-        ids = tl.load(ids_ptr + c0 + c, mask=c0 + c < n, other=E_P2).to(tl.int32)  # E_P2 matches no expert
+        raw = tl.load(ids_ptr + c0 + c, mask=c0 + c < n, other=0)  # int32 or int64, checked before narrowing
+        tl.device_assert((raw >= 0) & (raw < E), "expert id out of range [0, E)")
+        ids = tl.where(c0 + c < n, raw.to(tl.int32), E_P2)  # E_P2 matches no expert
         counts += tl.sum((ids[:, None] == ex[None, :]).to(tl.int32), axis=0)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, axis=0)  # [E_P2]; experts >= E have 0 rows
@@ -150,18 +157,75 @@ def _align_kernel(
     tl.store(npad_ptr, tl.sum(padded, axis=0))
 
 
+# Pairs up to which _align_small_kernel runs: its [N, N] compare tiles (N = next power of two of
+# n) grow as n**2, the per-expert kernel's [CHUNK, E_P2] tiles as n * E_P2 (plus two scans), so
+# the pairwise one does fewer compares while n <= E: up to 128 for the MoE models served (E = 128,
+# 256).  128 is also the most one CTA holds: at 32 tile values per thread (16 warps) ptxas uses
+# 128 registers for sm_90, the whole 64K register file, no spills; N = 256 (32 warps) spills ~1 KB.
+SMALL_N_MAX = 128
+
+
+@triton.jit
+def _align_small_kernel(
+    ids_ptr, sorted_ptr, expert_ptr, npad_ptr, n, E, cap, n_blocks,
+    N: tl.constexpr, BLOCK_M: tl.constexpr, FILL: tl.constexpr,
+):  # fmt: skip
+    """One program for n <= N pairs, work in n**2 not E: ranks, counts and starts by pairwise compares."""
+    i = tl.arange(0, N)
+    raw = tl.load(ids_ptr + i, mask=i < n, other=0)  # int32 or int64, checked before narrowing
+    tl.device_assert((raw >= 0) & (raw < E), "expert id out of range [0, E)")
+    ids = tl.where(i < n, raw.to(tl.int32), -1)  # [N]; -1: no pair
+    same = (ids[:, None] == ids[None, :]) & (ids[None, :] >= 0)  # [N, N]: pairs i and j on one expert
+    rank = tl.sum((same & (i[None, :] < i[:, None])).to(tl.int32), axis=1)  # earlier pairs of its expert
+    count = tl.sum(same.to(tl.int32), axis=1)
+    padded = tl.where((rank == 0) & (ids >= 0), (count + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0)  # at first pairs only
+    start = tl.sum(tl.where(ids[None, :] < ids[:, None], padded[None, :], 0), axis=1)  # rows of lower experts
+    for f0 in range(0, cap, FILL):  # padding everywhere first
+        f = f0 + tl.arange(0, FILL)
+        tl.store(sorted_ptr + f, tl.full((FILL,), 0, tl.int32) + n, mask=f < cap)
+    tl.debug_barrier()  # the padding stores land before the pair ids overwrite them
+    tl.store(sorted_ptr + start + rank, i, mask=i < n)
+    row = i * BLOCK_M  # first row of block i; cap / BLOCK_M <= n <= N blocks
+    inside = (start[None, :] <= row[:, None]) & (row[:, None] < start[None, :] + padded[None, :])  # [N blocks, N]
+    tl.store(expert_ptr + i, tl.max(tl.where(inside, ids[None, :], -1), axis=1), mask=i < n_blocks)
+    tl.store(npad_ptr, tl.sum(padded, axis=0))
+
+
+def _check_range(ids: torch.Tensor, num_experts: int) -> None:
+    """Out-of-range ids fail as in :func:`align_torch`'s scatter: its RuntimeError on the CPU (the
+    interpreter, where a host check costs nothing); on CUDA the kernels' device assertion, which
+    like torch's device-side assert needs no host sync."""
+    if ids.is_cuda:
+        return
+    bad = ids[(ids < 0) | (ids >= num_experts)]
+    if bad.numel():
+        raise RuntimeError(f"index {int(bad[0])} is out of bounds for dimension 0 with size {num_experts}")
+
+
 def align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
-    """:func:`align_torch` in one Triton launch (the same bytes)."""
+    """:func:`align_torch` in one Triton launch (the same bytes): the pairwise kernel for
+    n <= ``SMALL_N_MAX`` pairs, else the per-expert one."""
     n = _check_ids(topk_ids, num_experts, block_m)
-    ids = topk_ids.reshape(-1)  # [n], int32 or int64: the kernel reads either
+    ids = topk_ids.reshape(-1).contiguous()  # [n], int32 or int64: the kernels read either
+    _check_range(ids, num_experts)
     cap = align_capacity(n, num_experts, block_m)
     sorted_ids = torch.empty(cap, dtype=torch.int32, device=ids.device)  # [cap]
     expert_ids = torch.empty(cap // block_m, dtype=torch.int32, device=ids.device)  # [cap / BM]
     num_padded = torch.empty(1, dtype=torch.int32, device=ids.device)
-    e_p2 = triton.next_power_of_2(num_experts)  # masked entries read E_P2, which matches no column
-    chunk = max(16, min(1024, 16384 // e_p2))  # [chunk, E_P2] compare tiles; one compile per E
-    _align_kernel[(1,)](ids, sorted_ids, expert_ids, num_padded, n, cap, cap // block_m,
-                        E=num_experts, E_P2=e_p2, CHUNK=chunk, BLOCK_M=block_m, num_warps=8)  # fmt: skip
+    out = (sorted_ids, expert_ids, num_padded)
+    # debug=True keeps the device assertion on ids; sanitize_overflow=False leaves the arithmetic unchecked
+    opts = {"debug": True, "sanitize_overflow": False}
+    if n <= SMALL_N_MAX:
+        n_p2 = max(16, triton.next_power_of_2(n))  # one compile per (N, BLOCK_M), none per E
+        warps = max(4, n_p2 * n_p2 // 1024)  # at most 32 values of an [N, N] tile per thread
+        fill = min(2048, n_p2 * block_m)  # padding rows per store; cap <= n * BLOCK_M
+        _align_small_kernel[(1,)](ids, *out, n, num_experts, cap, cap // block_m,
+                                  N=n_p2, BLOCK_M=block_m, FILL=fill, num_warps=warps, **opts)  # fmt: skip
+    else:
+        e_p2 = triton.next_power_of_2(num_experts)  # masked entries read E_P2, which matches no column
+        chunk = max(16, min(1024, 16384 // e_p2))  # [chunk, E_P2] compare tiles; one compile per E
+        _align_kernel[(1,)](ids, *out, n, cap, cap // block_m,
+                            E=num_experts, E_P2=e_p2, CHUNK=chunk, BLOCK_M=block_m, num_warps=8, **opts)  # fmt: skip
     return Alignment(sorted_ids, expert_ids, num_padded, block_m)
 
 
@@ -169,7 +233,9 @@ ONE_PROGRAM_MAX = 2**19  # pairs x experts (padded): above it the one-program ke
 
 
 def align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
-    """:func:`align_triton` (one launch: decode) or :func:`align_torch` (sort: prefill); the same bytes."""
-    if topk_ids.numel() * triton.next_power_of_2(num_experts) <= ONE_PROGRAM_MAX:
+    """:func:`align_triton` (one launch: decode, and any E for n <= ``SMALL_N_MAX``) or
+    :func:`align_torch` (sort: prefill); the same bytes."""
+    n = topk_ids.numel()
+    if n <= SMALL_N_MAX or n * triton.next_power_of_2(num_experts) <= ONE_PROGRAM_MAX:
         return align_triton(topk_ids, num_experts, block_m)
     return align_torch(topk_ids, num_experts, block_m)

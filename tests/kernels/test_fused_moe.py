@@ -2,9 +2,10 @@
 
 * Routing (kernels/moe_routing.route) is bit-identical to the engine's torch routing for the
   three rules, ties included.
-* Alignment: the Triton one-program kernel gives the same bytes as the torch reference, and both
-  satisfy the invariants the GEMMs rely on (every pair once, blocks of one expert, padding,
-  worst-case capacity reached by an adversarial routing).
+* Alignment: both Triton one-program kernels (pairwise up to SMALL_N_MAX pairs, per-expert
+  above) give the same bytes as the torch reference, which satisfies the invariants the GEMMs
+  rely on (every pair once, blocks of one expert, padding, worst-case capacity reached by an
+  adversarial routing); out-of-range ids fail with torch's error.
 * The torch reference of ``fused_moe`` equals the engine's ``Experts`` (quantized linears) bit
   for bit; it is the judge of the Triton path.
 * Triton (CPU interpreter; compiled on CUDA with -m gpu) vs the reference: the same fp8 inputs,
@@ -24,10 +25,10 @@ from quantkit.engine.layers.moe import Experts, Routing
 from quantkit.engine.layers.moe import route as engine_route
 from quantkit.engine.qlinear import ActQuant, Fp8Block, Mxfp8
 from quantkit.formats import fp8_block, mxfp8
-from quantkit.kernels import dispatch
+from quantkit.kernels import dispatch, moe_routing
 from quantkit.kernels.fused_moe import MOE_CONFIGS, MoeConfig, pick_moe_config
 from quantkit.kernels.fused_moe_ref import ExpertWeights, MoeSpec, check_moe, fused_moe_ref, stack_gate_up
-from quantkit.kernels.moe_routing import align_capacity, align_torch, align_triton, route
+from quantkit.kernels.moe_routing import SMALL_N_MAX, align, align_capacity, align_torch, align_triton, route
 
 HAS_CUDA = torch.cuda.is_available()
 GPT_OSS = MoeSpec("gpt-oss", interleaved=True)
@@ -110,14 +111,104 @@ def check_alignment(al, ids: torch.Tensor, e: int) -> None:
 ALIGN_CASES = [(5, 2, 4, 16), (1, 4, 128, 16), (37, 3, 6, 4), (0, 2, 4, 16), (300, 8, 256, 64), (64, 4, 5, 1), (20, 1, 3, 128)]
 
 
+def assert_same_bytes(ref, out, what: str = "") -> None:
+    for name, a, b in zip(("sorted_ids", "expert_ids", "num_padded"), ref[:3], out[:3]):
+        assert a.dtype == b.dtype == torch.int32 and a.shape == b.shape and torch.equal(a, b.cpu()), f"{what} {name}: {b.tolist()} != {a.tolist()}"
+
+
 @pytest.mark.parametrize("t,k,e,bm", ALIGN_CASES)
 def test_align_triton_equals_torch_and_keeps_invariants(triton_device, gen, t, k, e, bm):
     ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)]) if t else torch.zeros(0, k, dtype=torch.int64)
     ref = align_torch(ids, e, bm)
     check_alignment(ref, ids, e)
-    out = align_triton(ids.to(triton_device, torch.int32 if t % 2 else torch.int64), e, bm)
-    for name, a, b in zip(("sorted_ids", "expert_ids", "num_padded"), ref[:3], out[:3]):
-        assert a.dtype == b.dtype == torch.int32 and torch.equal(a, b.cpu()), name
+    assert_same_bytes(ref, align_triton(ids.to(triton_device, torch.int32 if t % 2 else torch.int64), e, bm))
+
+
+class LaunchCount:
+    """Forwards ``kernel[grid]`` launches and counts them."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
+@pytest.fixture
+def launches(monkeypatch) -> dict[str, LaunchCount]:
+    """Launch counters on the two alignment kernels: which one ran."""
+    spies = {name: LaunchCount(getattr(moe_routing, name)) for name in ("_align_small_kernel", "_align_kernel")}
+    for name, spy in spies.items():
+        monkeypatch.setattr(moe_routing, name, spy)
+    return spies
+
+
+def routing_ids(kind: str, n: int, e: int, gen: torch.Generator) -> torch.Tensor:
+    """int64 expert ids [n / k, k] (k = 4 when it divides n): uniform, a few experts, one expert, or only 0 and E - 1."""
+    if kind == "uniform":
+        flat = torch.randint(0, e, (n,), generator=gen)
+    elif kind == "few":
+        flat = torch.randperm(e, generator=gen)[:3][torch.randint(0, min(3, e), (n,), generator=gen)]
+    elif kind == "one":
+        flat = torch.full((n,), int(torch.randint(0, e, (1,), generator=gen)))
+    else:
+        flat = torch.randint(0, 2, (n,), generator=gen) * (e - 1)
+    return flat.reshape(-1, 4 if n % 4 == 0 else 1)
+
+
+@pytest.mark.parametrize("bm", [1, 16, 64])
+def test_align_small_kernel_equals_torch_on_random_routings(triton_device, gen, launches, bm):
+    """n = 1 .. SMALL_N_MAX pairs, E = 1 / not a power of two / 128 / 256, int32 and int64 ids."""
+    cases = 0
+    for e in (1, 5, 128, 256):
+        for kind in ("uniform", "few", "one", "ends"):
+            for n in (1, 2, 7, 33, SMALL_N_MAX - 1, SMALL_N_MAX):
+                ids = routing_ids(kind, n, e, gen)
+                dtype = torch.int32 if cases % 2 else torch.int64
+                assert_same_bytes(align_torch(ids, e, bm), align_triton(ids.to(triton_device, dtype), e, bm), f"{kind} n={n} E={e} BM={bm} {dtype}")
+                cases += 1
+    assert launches["_align_small_kernel"].launches == cases and launches["_align_kernel"].launches == 0
+
+
+@pytest.mark.parametrize("n", [SMALL_N_MAX, SMALL_N_MAX + 1])
+def test_align_kernel_is_picked_by_pair_count(triton_device, gen, launches, n):
+    """Up to SMALL_N_MAX pairs the pairwise kernel, above it the per-expert one; the same bytes."""
+    e, bm = 256, 16
+    ids = routing_ids("uniform", n, e, gen)
+    assert_same_bytes(align_torch(ids, e, bm), align_triton(ids.to(triton_device), e, bm), f"n={n}")
+    small = n <= SMALL_N_MAX
+    assert (launches["_align_small_kernel"].launches, launches["_align_kernel"].launches) == (int(small), int(not small))
+
+
+@pytest.mark.parametrize("n,kernel", [(100, "_align_small_kernel"), (200, None)])
+def test_align_takes_triton_for_few_pairs_whatever_the_expert_count(triton_device, gen, launches, n, kernel):
+    """E = 5000: n * E_P2 is past ONE_PROGRAM_MAX, but the pairwise kernel does not depend on E."""
+    e, bm = 5000, 16
+    ids = routing_ids("uniform", n, e, gen)
+    assert_same_bytes(align_torch(ids, e, bm), align(ids.to(triton_device), e, bm), f"n={n}")
+    assert {name for name, spy in launches.items() if spy.launches} == ({kernel} if kernel else set())
+
+
+def test_align_triton_reads_strided_ids(triton_device, gen):
+    """A column of [T, k] ids flattens to a strided view; the kernels read contiguous ids."""
+    for t in (5, SMALL_N_MAX + 3):
+        ids = torch.randint(0, 8, (t, 2), generator=gen)[:, 1:]
+        assert_same_bytes(align_torch(ids, 8, 4), align_triton(ids.to(triton_device), 8, 4), f"T={t}")
+
+
+@pytest.mark.parametrize("n", [4, SMALL_N_MAX + 1])
+@pytest.mark.parametrize("bad,dtype", [(-1, torch.int32), (6, torch.int32), (7, torch.int64), (2**32 + 1, torch.int64)])
+def test_align_rejects_out_of_range_ids_as_torch_does(n, bad, dtype):
+    """Torch's scatter raises for an id outside [0, E) (2**32 + 1 would wrap to 1 in int32); so
+    does align_triton, with the same message, before launching (CPU; CUDA asserts on the device)."""
+    ids = torch.arange(n).remainder(6).to(dtype).reshape(-1, 1)
+    ids[n // 2] = bad
+    with pytest.raises(RuntimeError, match="out of bounds") as want:
+        align_torch(ids, 6, 16)
+    with pytest.raises(RuntimeError) as got:
+        align_triton(ids, 6, 16)
+    assert str(got.value) == str(want.value)
 
 
 def test_align_capacity_is_reached_by_the_worst_routing(triton_device):
@@ -216,15 +307,15 @@ def test_split_k_is_used_and_deterministic(triton_device, gen):
     assert_moe_close(a, fused_moe_ref(x, w, ids, w13, w2, SILU), "auto split", 5e-3)
 
 
-@pytest.mark.parametrize("t", [1, 6])  # default configs: fused quantization (T = 1), separate (T = 6)
-def test_triton_float32_input_and_default_config(triton_device, gen, t):
+@pytest.mark.parametrize("t,fuse", [(1, False), (1, True), (6, False)])  # the default config (None) and fused quantization
+def test_triton_float32_input_and_default_config(triton_device, gen, t, fuse):
     w13, w2 = experts("fp8-block", 4, 256, 128, gen, bias=False), experts("fp8-block", 4, 128, 128, gen, bias=False)
     x = torch.randn(t, 128, generator=gen)
     w, ids = routed(t, 2, 4, gen)
-    assert pick_moe_config(t * 2, 4, "fp8-block").fuse_quant == (t == 1)
-    out = run_triton(x, w, ids, w13, w2, SILU, triton_device)
+    cfg = MoeConfig(**{**pick_moe_config(t * 2, 4, "fp8-block").__dict__, "fuse_quant": True}) if fuse else None
+    out = run_triton(x, w, ids, w13, w2, SILU, triton_device, cfg)
     assert out.dtype == torch.float32
-    assert_moe_close(out, fused_moe_ref(x, w, ids, w13, w2, SILU), "f32 default config", 1e-5)
+    assert_moe_close(out, fused_moe_ref(x, w, ids, w13, w2, SILU), f"f32 {'fused-quant' if fuse else 'default'} config", 1e-5)
 
 
 def test_triton_no_tokens(triton_device, gen):

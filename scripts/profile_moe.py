@@ -1,74 +1,105 @@
-"""Fused MoE at few tokens: per-launch device times (torch.profiler, L2 flushed before each call)
-of the default config and variants (stages, warps, split-K, tiles, fused quantization), against
-the dense small-M FP8-block GEMM streaming the same expert bytes as one weight.
+"""Fused MoE at few tokens, launch by launch: device times (torch.profiler, L2 flushed before each
+call, median of 10) of the default config and variants (stages, warps, split-K, tiles, fused
+quantization) for GPT-OSS-120B and DeepSeek-V3 FP8-block experts (bench_moe's random experts and
+routing), against the dense small-M FP8-block GEMM streaming the same expert bytes as one weight.
 
-    python scripts/profile_moe.py
+    python scripts/profile_moe.py [--tokens 1 4 16]
 """
-import os, sys, collections
-import torch
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT); sys.path.insert(0, ROOT + "/scripts")
-from torch.profiler import profile, ProfilerActivity
-from bench_moe import MODELS, build_experts
-from quantkit.kernels.fused_moe import fused_moe, MoeConfig, pick_moe_config
-from quantkit.kernels.fused_moe_ref import MoeSpec
-from quantkit.kernels.moe_routing import route
-from quantkit.kernels import dispatch
-dev = torch.device("cuda")
-flush = torch.empty(256 * 2**20, dtype=torch.int8, device=dev)
 
-def launches(fn, n=10):
-    for _ in range(3): fn()
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_moe import MODELS, build_experts  # noqa: E402  (same experts as the benchmark)
+
+VARIANTS = ({}, {"num_stages": 2}, {"num_stages": 3}, {"num_stages": 6}, {"split_k": 1}, {"num_warps": 2}, {"num_warps": 8},
+            {"block_n1": 32, "block_n2": 32}, {"block_n1": 128, "block_n2": 128}, {"fuse_quant": None}, {"waves": 4}, {"waves": 16})  # fmt: skip
+HBM_BYTES_US = 4.8e6  # bytes per microsecond at 4.8 TB/s
+
+
+def launches(torch, fn, flush, reps: int = 10) -> list[tuple[str, float]]:
+    """(kernel name, median us) per launch of one ``fn`` call, in launch order."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        for _ in range(n):
-            flush.zero_(); fn()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush.zero_()
+            fn()
         torch.cuda.synchronize()
-    evs = [e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA and "elementwise" not in e.name and "fill" not in e.name.lower()]
-    per = len(evs) // n
-    out = collections.defaultdict(list)
-    for i, e in enumerate(evs):
-        out[(i % per, e.name[:28])].append(e.device_time)
-    return [(k[1], sorted(v)[len(v) // 2]) for k, v in sorted(out.items())]
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "elementwise" not in e.name and "fill" not in e.name.lower()]
+    per_call = len(events) // reps
+    times = collections.defaultdict(list)
+    for i, e in enumerate(events):
+        times[(i % per_call, e.name[:28])].append(e.device_time)
+    return [(name, sorted(v)[len(v) // 2]) for (_, name), v in sorted(times.items())]
 
-for mname in ("gpt-oss-120b", "deepseek-v3"):
-    m = MODELS[mname]
+
+def dense_us(torch, flush, n: int, k: int, t: int) -> float:
+    """Our small-M FP8-block GEMM on an [n, k] weight (k padded to 128 when it is not a multiple of 16)."""
+    from quantkit.kernels import dispatch
+
+    kp = k if k % 16 == 0 else -(-k // 128) * 128
+    w = torch.zeros(n, kp, dtype=torch.float8_e4m3fn, device="cuda")
+    w[:, :k] = (torch.randn(n, k, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    ws = torch.rand(-(-n // 128), -(-kp // 128), device="cuda") + 0.5
+    a = (torch.randn(t, kp, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    sa = torch.rand(t, -(-kp // 128), device="cuda") + 0.5
+    return sum(us for _, us in launches(torch, lambda: dispatch.call("gemm_fp8_block", a, sa, w, ws, backend="triton"), flush))
+
+
+def profile_model(torch, name: str, tokens: list[int], flush) -> None:
+    from quantkit.kernels.fused_moe import MoeConfig, fused_moe, pick_moe_config
+    from quantkit.kernels.fused_moe_ref import MoeSpec
+    from quantkit.kernels.moe_routing import route
+
+    m, dev = MODELS[name], torch.device("cuda")
     gpt = m.activation == "gpt-oss"
     spec = MoeSpec(m.activation, interleaved=gpt)
     w13, _ = build_experts(torch, "fp8-block", m.e, 2 * m.inter, m.h, gpt, dev)
     w2, _ = build_experts(torch, "fp8-block", m.e, m.h, m.inter, gpt, dev)
     gen = torch.Generator(device=dev).manual_seed(0)
     corr = torch.randn(m.e, device=dev, generator=gen) * 0.1 if m.rule == "grouped_sigmoid" else None
-    for t in (1, 4, 16):
+    for t in tokens:
         x = torch.randn(t, m.h, device=dev, generator=gen).to(torch.bfloat16)
         wts, ids = route(torch.randn(t, m.e, device=dev, generator=gen), m.rule, m.top_k, correction_bias=corr, **dict(m.route_kw))
         hit = int(torch.unique(ids).numel())
         b1, b2 = hit * w13.q[0].numel(), hit * w2.q[0].numel()
         base = pick_moe_config(t * m.top_k, m.e, "fp8-block")
-        print(f"== {mname} T={t}: {hit} experts; GEMM1 {b1/1e6:.1f} MB (roof {b1/4.8e6:.1f} us), GEMM2 {b2/1e6:.1f} MB (roof {b2/4.8e6:.1f} us); default {base.name()}", flush=True)
-        variants = [base] + [MoeConfig(**{**base.__dict__, **kw}) for kw in (
-            dict(num_stages=2), dict(num_stages=3), dict(num_stages=6), dict(split_k=1), dict(num_warps=2), dict(num_warps=8),
-            dict(block_n1=32, block_n2=32), dict(block_n1=128, block_n2=128), dict(fuse_quant=not base.fuse_quant), dict(waves=4), dict(waves=16))]
-        for cfg in variants:
-            try:
-                r = launches(lambda: fused_moe(x, wts, ids, w13, w2, spec, config=cfg))
-            except Exception as e:
-                print("   ERR", cfg.name(), str(e)[:120]); continue
-            g = [v for k, v in r if "moe_gemm" in k]
-            tot = sum(v for _, v in r)
-            print(f"   {cfg.name():<28} total {tot:6.1f} us  gemm1 {g[0]:6.1f} ({b1/g[0]/4.8e6:.0%})  gemm2 {g[1]:6.1f} ({b2/g[1]/4.8e6:.0%})  " + " ".join(f"{k[:12]}={v:.1f}" for k, v in r if 'moe_gemm' not in k), flush=True)
-        # dense small-M GEMM on the same bytes
-        for nb, (n_, k_) in (("gemm1", (hit * 2 * m.inter, m.h)), ("gemm2", (hit * m.h, m.inter))):
-            kp = -(-k_ // 128) * 128
-            w = torch.zeros(n_, kp, dtype=torch.float8_e4m3fn, device=dev)
-            w[:, :k_] = (torch.randn(n_, k_, device=dev) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
-            w = w[:, :k_] if k_ % 16 == 0 else w
-            ws = torch.rand(-(-n_ // 128), -(-w.shape[1] // 128), device=dev) + 0.5
-            a = (torch.randn(t, w.shape[1], device=dev) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
-            sa = torch.rand(t, -(-w.shape[1] // 128), device=dev) + 0.5
-            r = launches(lambda: dispatch.call("gemm_fp8_block", a, sa, w, ws, backend="triton"))
-            tt = sum(v for _, v in r)
-            print(f"   dense skinny {nb} [{n_}, {w.shape[1]}] M={t}: {tt:6.1f} us ({n_*w.shape[1]/tt/4.8e6:.0%})", flush=True)
-            del w
-    del w13, w2
-    torch.cuda.empty_cache()
+        print(f"== {name} T={t}: {hit} experts; GEMM 1 {b1 / 1e6:.1f} MB, GEMM 2 {b2 / 1e6:.1f} MB; default {base.name()}", flush=True)
+        for kw in VARIANTS:
+            kw = {**kw, "fuse_quant": not base.fuse_quant} if "fuse_quant" in kw else kw
+            cfg = MoeConfig(**{**base.__dict__, **kw})
+            rows = launches(torch, lambda cfg=cfg, x=x, wts=wts, ids=ids: fused_moe(x, wts, ids, w13, w2, spec, config=cfg), flush)
+            g1, g2 = (us for name_, us in rows if "moe_gemm" in name_)
+            rest = " ".join(f"{name_[:12]}={us:.1f}" for name_, us in rows if "moe_gemm" not in name_)
+            print(f"   {cfg.name():<28} total {sum(us for _, us in rows):6.1f} us  GEMM 1 {g1:6.1f} ({b1 / g1 / HBM_BYTES_US:.0%})  "
+                  f"GEMM 2 {g2:6.1f} ({b2 / g2 / HBM_BYTES_US:.0%})  {rest}", flush=True)  # fmt: skip
+        for label, n, k in (("GEMM 1", hit * 2 * m.inter, m.h), ("GEMM 2", hit * m.h, m.inter)):
+            us = dense_us(torch, flush, n, k, t)
+            print(f"   dense small-M {label} [{n}, {k}] M={t}: {us:6.1f} us ({n * k / us / HBM_BYTES_US:.0%})", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    args = p.parse_args()
+    import torch
+
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    for name in args.models:
+        profile_model(torch, name, args.tokens, flush)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -18,8 +18,9 @@ rounded on every Triton target (NVIDIA GPUs and the CPU interpreter):
   the byte is assembled from |v| / ulp (exact) rounded to an integer: the interpreter's software
   cast rounds ties away from zero, drops the carry of a mantissa overflow into an odd exponent
   field (1.9375 -> 1.0 instead of 2.0) and truncates results below 2**-6, and on sm_89 Triton
-  goes through an fp16 round-toward-zero step that breaks ties.  Stochastic rounding always
-  assembles the byte;
+  goes through an fp16 round-toward-zero step that breaks ties.  Stochastic rounding decides
+  the carry on the float32 bits, then casts the exact result on sm_90+ compiled and assembles
+  the byte elsewhere;
 * the stochastic-rounding uniform is the lowbias32 counter hash of :mod:`formats.rounding` in
   uint32 arithmetic (wrap-around multiply, logical shifts); its key (k0, k1) comes from
   :func:`formats.rounding.stream_key` on the host.
@@ -114,7 +115,7 @@ def e4m3_code(v, r, STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr):
     ulp = 2**(e-3), t = |v|/ulp is exact and lies in [0, 16]; the byte is ((e + 6) << 3) +
     round(t) (a carry to 16 moves to the next binade by itself; e = -6 covers the subnormals),
     round being ties-to-even through the float32 addition t + 2**23.  Stochastic: see
-    :func:`e4m3_code_stochastic`.
+    :func:`e4m3_code_stochastic` (assembled) and :func:`e4m3_code_stochastic_hw` (HW_CAST).
     """
     if STOCHASTIC:
         if HW_CAST:

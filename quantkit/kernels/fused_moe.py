@@ -4,7 +4,8 @@ backend of the ``fused_moe`` op (arguments, layouts and numerics: :mod:`.fused_m
 One call, no host synchronisation and buffers sized by the shapes only (CUDA-graph safe):
 
 1. x [T, H] is quantized once per token (1x128 F32/UE8M0 or 1x32 E8M0, :mod:`.group_quant`),
-   or, for a few tokens (``fuse_quant``), by each GEMM program for its own rows, same bytes;
+   or, with ``fuse_quant`` (a config option; no default uses it: slower on the H200 at T = 1,
+   4 and 16), by each GEMM program for its own rows, same bytes;
 2. :func:`.moe_routing.align` sorts the T*k (token, slot) pairs by expert into
    BLOCK_M-row blocks, each block one expert;
 3. GEMM 1 (:func:`_moe_gemm_kernel`, GATED): each program gathers its block's token rows, walks

@@ -35,6 +35,7 @@ from .triton_numerics import (
     PRIORITY,
     abs_max,
     available,
+    bf16_round,
     divide,
     e4m3_code,
     e8m0_exponent,
@@ -62,14 +63,6 @@ NORM_TUNING: tuple[dict, ...] = (
     {"block_m": 16, "unroll": 2, "groups": 2, "num_warps": 8},
 )
 ACT_TUNING: tuple[dict, ...] = ({"tile": (8, 4), "num_warps": 4}, {"tile": (16, 4), "num_warps": 8}, {"tile": (4, 8), "num_warps": 4})
-
-
-@triton.jit
-def round_bf16(v):
-    """float32 -> the nearest bfloat16 (ties to even) as float32, from the bits; NaN stays NaN."""
-    bits = v.to(tl.int32, bitcast=True)
-    r = (bits + (0x7FFF + ((bits >> 16) & 1))) & -0x10000
-    return tl.where(v != v, v, r.to(tl.float32, bitcast=True))
 
 
 @triton.jit
@@ -137,12 +130,8 @@ def _rmsnorm_quant_kernel(
         mask = rmask[:, None, None] & (cols < K)
         x = tl.load(x_ptr + rows[:, None, None] * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-        h = x * rstd
-        if ROUND_H:  # order "hf": h.to(bfloat16) before the weight
-            h = round_bf16(h)
-        y = w * h
-        if ROUND_Y:
-            y = round_bf16(y)
+        h = bf16_round(x * rstd, ROUND_H)  # order "hf": h.to(bfloat16) before the weight
+        y = bf16_round(w * h, ROUND_Y)
         codes, s_out = quantize_groups(tl.where(mask, y, 0.0), MODE, RCEIL, HW_CAST)
         tl.store(q_ptr + rows[:, None, None] * K + cols, codes, mask=mask)
         smask = rmask[:, None] & (gb + g < n_groups)[None, :]
@@ -152,13 +141,8 @@ def _rmsnorm_quant_kernel(
 @triton.jit
 def _silu_mul(g, u, ROUND: tl.constexpr):
     """fused_act_quant_ref.silu_mul: silu in float32, rounded, times up, rounded."""
-    s = tl.math.div_rn(g, 1.0 + exp_f32(-g))
-    if ROUND:
-        s = round_bf16(s)
-    h = s * u
-    if ROUND:
-        h = round_bf16(h)
-    return h
+    s = bf16_round(tl.math.div_rn(g, 1.0 + exp_f32(-g)), ROUND)
+    return bf16_round(s * u, ROUND)
 
 
 @triton.jit
@@ -166,21 +150,11 @@ def _swiglu(g, u, alpha, limit, ROUND: tl.constexpr):
     """fused_act_quant_ref.swiglu, op for op (each op rounded to the activation dtype)."""
     g = tl.minimum(g, limit, propagate_nan=tl.PropagateNan.ALL)
     u = tl.maximum(tl.minimum(u, limit, propagate_nan=tl.PropagateNan.ALL), -limit, propagate_nan=tl.PropagateNan.ALL)
-    t = g * alpha
-    if ROUND:
-        t = round_bf16(t)
-    sig = tl.math.div_rn(tl.full(t.shape, 1.0, tl.float32), 1.0 + exp_f32(-t))
-    u1 = u + 1.0
-    if ROUND:
-        sig = round_bf16(sig)
-        u1 = round_bf16(u1)
-    gs = g * sig
-    if ROUND:
-        gs = round_bf16(gs)
-    h = u1 * gs
-    if ROUND:
-        h = round_bf16(h)
-    return h
+    t = bf16_round(g * alpha, ROUND)
+    sig = bf16_round(tl.math.div_rn(tl.full(t.shape, 1.0, tl.float32), 1.0 + exp_f32(-t)), ROUND)
+    u1 = bf16_round(u + 1.0, ROUND)
+    gs = bf16_round(g * sig, ROUND)
+    return bf16_round(u1 * gs, ROUND)
 
 
 @triton.jit(do_not_specialize=["alpha", "limit"])

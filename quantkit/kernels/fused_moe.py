@@ -41,7 +41,7 @@ from .gemm_block_scaled import WORKSPACE, split_reduce_pair
 from .group_quant import act_quant_fp8_block, mxfp8_quantize
 from .moe_routing import Alignment, align
 from .triton_numerics import (
-    PRIORITY, abs_max, available, divide, e4m3_code, e8m0_decode, e8m0_exponent, fp8_block_scale, hw_e4m3, interpreted, pow2,
+    PRIORITY, abs_max, available, bf16_round, divide, e4m3_code, e8m0_decode, e8m0_exponent, fp8_block_scale, hw_e4m3, interpreted, pow2,
 )  # fmt: skip
 
 BLOCK_K = 128
@@ -103,16 +103,6 @@ def _tile_coords(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
     first = (pid // width) * GROUP_M
     size = tl.minimum(n_m - first, GROUP_M)
     return first + (pid % width) % size, (pid % width) // size
-
-
-@triton.jit
-def bf16_round(x, ROUND: tl.constexpr):
-    """float32 -> nearest bfloat16 value (ties to even), still float32; identity unless ROUND."""
-    if ROUND:
-        bits = x.to(tl.int32, bitcast=True)
-        r = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
-        return tl.where(x != x, x, r.to(tl.float32, bitcast=True))
-    return x
 
 
 @triton.jit

@@ -60,6 +60,17 @@ def pow2(k):
 
 
 @triton.jit
+def bf16_round(x, ROUND: tl.constexpr = True):
+    """float32 -> the nearest bfloat16 (ties to even), still float32, from the bits (the CPU
+    interpreter's own cast truncates); NaN stays NaN; identity unless ROUND."""
+    if ROUND:
+        bits = x.to(tl.int32, bitcast=True)
+        r = (bits + (0x7FFF + ((bits >> 16) & 1))) & -0x10000
+        return tl.where(x != x, x, r.to(tl.float32, bitcast=True))
+    return x
+
+
+@triton.jit
 def e8m0_decode(b):
     """int32 E8M0 byte -> float32 2**(b-127); 0xFF -> NaN (formats.e8m0.decode)."""
     bits = tl.where(b == 0, 0x00400000, b << 23)

@@ -118,7 +118,7 @@ def quantize_weight(
     if s.numel():
         _fp8_block_quant_kernel[(s.numel(),)](
             w, q.view(torch.uint8), s, n, k, tiles_n, tiles_k, k0, k1, rounding.offset,
-            BLOCK=block, ROWS=rows, UE8M0=scale_fmt == "ue8m0", RCEIL=rule == "rceil", STOCHASTIC=rounding.stochastic, WRAP=wraps(rounding.offset, w.numel()),
+            BLOCK=block, ROWS=rows, UE8M0=scale_fmt == "ue8m0", RCEIL=rule == "rceil", STOCHASTIC=rounding.stochastic, WRAP=rounding.stochastic and wraps(rounding.offset, w.numel()),
             HW_CAST=hw_e4m3(w.device, hw_cast), num_warps=num_warps,
         )  # fmt: skip
     return q, s

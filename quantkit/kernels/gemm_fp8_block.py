@@ -96,7 +96,7 @@ def matmul(
 
 def _act_side(q: torch.Tensor, s: torch.Tensor) -> Side:
     """Activation rows with 1x128 scales (F32) as a GEMM operand."""
-    return Side(q, s if s.dtype == torch.float32 else s.to(torch.float32), 1, BLOCK_K)
+    return Side(q, s.to(torch.float32), 1, BLOCK_K)
 
 
 def gemm_fp8_block(
@@ -111,7 +111,7 @@ def gemm_fp8_block(
     workspace: Workspace | None = None,
 ) -> torch.Tensor:
     """A E4M3 [..., K] (F32 1x128 scales [..., ceil(K/128)]) x W E4M3 [N, K] (F32 [ceil(N/128), ceil(K/128)]) -> [..., N]."""
-    sw = Side(w, w_scale if w_scale.dtype == torch.float32 else w_scale.to(torch.float32), BLOCK_K, BLOCK_K)
+    sw = Side(w, w_scale.to(torch.float32), BLOCK_K, BLOCK_K)
     return matmul(a, a_scale, _act_side, sw, FP8_BLOCK_CONFIGS, bias, out_dtype, config, workspace)
 
 

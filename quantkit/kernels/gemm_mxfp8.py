@@ -102,7 +102,7 @@ def gemm_mxfp8_w128(
 ) -> torch.Tensor:
     """MX activations (1x32 E8M0) x a weight from :func:`requant_weight_128` (power-of-two F32 128x128 scales)."""
     _check_k(a)
-    ws = w_scale if w_scale.dtype == torch.float32 else w_scale.to(torch.float32)
+    ws = w_scale.to(torch.float32)
     return matmul(a, a_scale, _mx_side, Side(w, ws, BLOCK_K, BLOCK_K, pow2=True), W128_CONFIGS, bias, out_dtype, config, workspace)
 
 

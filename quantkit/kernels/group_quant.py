@@ -118,7 +118,7 @@ def _launch(
         _group_quant_kernel[grid](
             x, q.view(torch.uint8), s, m, k, n_groups, k0, k1, rounding.offset,
             G=group, BLOCK_M=block_m, GROUPS=groups, MODE=mode, RCEIL=rule == "rceil",
-            STOCHASTIC=rounding.stochastic, WRAP=wraps(rounding.offset, x.numel()), HW_CAST=hw_e4m3(x.device, hw_cast), num_warps=num_warps,
+            STOCHASTIC=rounding.stochastic, WRAP=rounding.stochastic and wraps(rounding.offset, x.numel()), HW_CAST=hw_e4m3(x.device, hw_cast), num_warps=num_warps,
         )  # fmt: skip
     return q, s
 

@@ -179,6 +179,18 @@ def check_index(name: str, t: torch.Tensor, device: torch.device) -> None:
     assert t.stride(-1) == 1, f"{name} must be contiguous in its last dim, got strides {t.stride()}"
 
 
+def check_operands(tensors: dict[str, torch.Tensor], indices: dict[str, torch.Tensor], sinks: torch.Tensor | None = None) -> torch.device:
+    """The launchers' input checks: every tensor read like the first (dtype, device, contiguous
+    head dim), index tensors int32/int64 on its device, sinks contiguous there; -> the device."""
+    first = next(iter(tensors.values()))
+    for name, t in tensors.items():
+        check_layout(name, t, first.dtype, first.device)
+    for name, t in indices.items():
+        check_index(name, t, first.device)
+    check_sinks(sinks, first.device)
+    return first.device
+
+
 def pow2(n: int, least: int = 16) -> int:
     return max(least, triton.next_power_of_2(n))
 
@@ -210,16 +222,11 @@ def attention_prefill(
     """Ragged causal sink attention (see :func:`.attention.attention_prefill`) -> [T, Hq, Dv]."""
     check_heads(q, k, v, sinks)
     check_window(window)
-    dev = q.device
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_layout(name, t, q.dtype, dev)
-    check_sinks(sinks, dev)
-    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        check_index(name, t, dev)
-    assert cu_seqlens_q.shape == cu_seqlens_k.shape, f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} vs cu_seqlens_k {tuple(cu_seqlens_k.shape)}"
     paged = block_tables is not None
+    indices = {"cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k, **({"block_tables": block_tables} if paged else {})}
+    dev = check_operands({"q": q, "k": k, "v": v}, indices, sinks)
+    assert cu_seqlens_q.shape == cu_seqlens_k.shape, f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} vs cu_seqlens_k {tuple(cu_seqlens_k.shape)}"
     if paged:
-        check_index("block_tables", block_tables, dev)
         assert block_size >= 1 and block_tables.shape[0] == cu_seqlens_q.shape[0] - 1, "paged prefill: block_size >= 1, one table row per sequence"
     t, hq, d = q.shape
     hkv, dv = k.shape[1], v.shape[2]

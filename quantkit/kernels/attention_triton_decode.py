@@ -25,7 +25,7 @@ import triton.language as tl
 
 from . import dispatch
 from .attention import check_heads, check_window
-from .attention_triton import LOG2E, check_index, check_layout, check_sinks, dot_dtype, pow2
+from .attention_triton import LOG2E, check_operands, dot_dtype, pow2
 from .triton_numerics import PRIORITY, available, interpreted
 
 MAX_SPLITS = 64
@@ -173,12 +173,7 @@ def attention_decode(
     """Paged decode with sinks and window (see :func:`.attention.attention_decode`) -> [B, Hq, Dv]."""
     check_heads(q, k_cache, v_cache, sinks)
     check_window(window)
-    dev = q.device
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        check_layout(name, t, q.dtype, dev)
-    check_sinks(sinks, dev)
-    check_index("block_tables", block_tables, dev)
-    check_index("context_lens", context_lens, dev)
+    dev = check_operands({"q": q, "k_cache": k_cache, "v_cache": v_cache}, {"block_tables": block_tables, "context_lens": context_lens}, sinks)
     b, hq, d = q.shape
     hkv, dv = k_cache.shape[1], v_cache.shape[2]
     assert block_tables.shape[0] == b and context_lens.shape == (b,), f"decode: {b} queries, block_tables {tuple(block_tables.shape)}, context_lens {tuple(context_lens.shape)}"

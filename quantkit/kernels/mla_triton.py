@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from . import dispatch
-from .attention_triton import LOG2E, check_index, check_layout, dot_dtype, pow2
+from .attention_triton import LOG2E, check_operands, dot_dtype, pow2
 from .attention_triton_decode import merge_splits, num_splits
 from .mla import check_mla
 from .triton_numerics import PRIORITY, available, interpreted
@@ -118,11 +118,7 @@ def _mla_split_kernel(QL, QR, KV, KR, BT, CTX, O, OP, LSE,
 
 def _check(q_lat, q_rot, kv, k_rot, block_tables, context_lens, block_size, cfg: MLAConfig) -> None:
     check_mla(q_lat, q_rot, kv, k_rot, block_tables, context_lens)
-    dev = q_lat.device
-    for name, t in (("q_lat", q_lat), ("q_rot", q_rot), ("kv", kv), ("k_rot", k_rot)):
-        check_layout(name, t, q_lat.dtype, dev)
-    check_index("block_tables", block_tables, dev)
-    check_index("context_lens", context_lens, dev)
+    check_operands({"q_lat": q_lat, "q_rot": q_rot, "kv": kv, "k_rot": k_rot}, {"block_tables": block_tables, "context_lens": context_lens})
     assert block_size >= 1, f"block_size must be >= 1, got {block_size}"
     assert cfg.block_h >= 16 and cfg.block_n >= 16, f"tl.dot needs tiles of >= 16 rows: {cfg.name()}"
 

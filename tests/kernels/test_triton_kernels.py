@@ -137,13 +137,15 @@ def test_hardware_e4m3_cast_only_where_exact(triton_device):
             group_quant.mxfp8_quantize(x, hw_cast=True)
 
 
-@pytest.mark.parametrize("offset", [0, 2**32 - 600, 2**32, 5 * 2**32 - 1])
-def test_wraps_says_when_a_low_word_wraps(offset):
-    """The kernels drop the per-element high-word select (WRAP=False) only where no flat index of
-    the tensor crosses a multiple of 2**32; checked against the indices themselves."""
-    for n in (0, 1, 599, 600, 601, 2**32, 2**32 + 1):
-        crosses = n > 0 and len({i >> 32 for i in (offset, offset + n - 1)}) == 2
-        assert triton_numerics.wraps(offset, n) == crosses, (offset, n)
+@pytest.mark.parametrize(
+    "offset,n,crosses",
+    [(0, 0, False), (0, 1, False), (0, 2**32, False), (0, 2**32 + 1, True), (2**32 - 600, 600, False), (2**32 - 600, 601, True),
+     (2**32, 2**32, False), (5 * 2**32 - 1, 1, False), (5 * 2**32 - 1, 2, True), (7, 3 * 2**32, True)],
+)  # fmt: skip
+def test_wraps_says_when_a_low_word_wraps(offset, n, crosses):
+    """The kernels drop the per-element high-word select (WRAP=False) only where no flat index
+    offset .. offset + n - 1 crosses a multiple of 2**32 (the cases worked out by hand)."""
+    assert triton_numerics.wraps(offset, n) == crosses
 
 
 def test_mxfp8_rejects_partial_block(triton_device):

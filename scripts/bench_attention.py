@@ -38,7 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import Bench, Row, fmt, lazy, load_flashinfer, pct, start_device  # noqa: E402  (shared timers, rows, log)
+from bench_common import Bench, bench_parser, fmt, lazy, load_flashinfer, pct, Row, start_device  # noqa: E402  (shared timers, rows, log)
 from bench_kernels import environment  # noqa: E402
 
 HQ, HKV, D, WINDOW, PAGE = 64, 8, 64, 128, 16
@@ -327,16 +327,10 @@ def write_report(b: Bench, versions: dict[str, str], sh: Shapes, append: str | N
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--budget-s", type=float, default=240.0, help="start no new decode or sweep case after this many seconds")
+    p = bench_parser(__doc__, budget_s=240.0, rep_ms=40)
     p.add_argument("--fi-backends", default="auto", help="comma list of FlashInfer backends (auto, fa2, fa3); '' for none")
     p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--parts", nargs="+", choices=("prefill", "decode"), default=["prefill", "decode"], help="which ops to time (and sweep)")
-    p.add_argument("--warmup-ms", type=int, default=10)
-    p.add_argument("--rep-ms", type=int, default=40)
-    p.add_argument("--append", nargs="?", const=str(ROOT / "docs" / "benchmarks.md"), default=None)
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu = interpreter smoke run of this script")
     args = p.parse_args()
     torch, device = start_device(args)
     for name in ("bench.log", "results.jsonl"):

@@ -3,6 +3,7 @@ timers (eager, CUDA graph, host), correctness checks and number formatting.  See
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
@@ -22,6 +23,22 @@ PEAKS: dict[str, tuple[float, float, float]] = {
 CPU_PEAKS = (1.0, 1.0, 50.0)  # placeholder figures for the CPU smoke run
 FLUSH_BYTES = 256 * 2**20  # as triton.testing.do_bench: several times the 50 MB L2
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench_parser(doc: str, budget_s: float, rep_ms: int, hbm: bool = False) -> argparse.ArgumentParser:
+    """The arguments every kernel benchmark takes (what :func:`start_device` and :class:`Bench`
+    read): --out, --append, --device, --warmup-ms, --rep-ms, --budget-s (and --hbm-gbs)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="directory for bench.log, results.jsonl, results.md")
+    p.add_argument("--append", nargs="?", const=str(ROOT / "docs" / "benchmarks.md"), default=None,
+                   help="append the report (default file: docs/benchmarks.md); never in a cpu run")  # fmt: skip
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu = interpreter smoke run of this script")
+    p.add_argument("--warmup-ms", type=int, default=10)
+    p.add_argument("--rep-ms", type=int, default=rep_ms)
+    p.add_argument("--budget-s", type=float, default=budget_s, help="start no new case after this many seconds")
+    if hbm:
+        p.add_argument("--hbm-gbs", type=float, help="peak HBM GB/s (default: by device name)")
+    return p
 
 
 def start_device(args):

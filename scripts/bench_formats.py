@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from bench_common import start_device, time_ms  # noqa: E402  (shared start and timer)
+from bench_common import bench_parser, start_device, time_ms  # noqa: E402  (shared start and timer)
 HBM_GBS = {"H200": 4800.0, "H100 NVL": 3900.0, "H100": 3350.0, "B200": 8000.0}  # NVIDIA datasheets
 GOAL_HBM, GOAL_SPEEDUP = 0.60, 5.0
 CHUNK_ELEMS = 1 << 27  # reference chunk: ~134M elements, a few GB of temporaries
@@ -318,18 +318,10 @@ def short(rows: list[Row]) -> list[str]:
 
 
 def parse() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="directory for bench.log, results.jsonl, results.md")
-    docs = str(ROOT / "docs" / "benchmarks.md")
-    p.add_argument("--append", nargs="?", const=docs, default=None, help="append the report (default file: docs/benchmarks.md)")
+    p = bench_parser(__doc__, budget_s=480.0, rep_ms=50, hbm=True)
     p.add_argument("--ops", nargs="+", help="only these ops")
     p.add_argument("--quick", action="store_true", help="16 experts / 4096 tokens instead of the full sizes")
     p.add_argument("--sweep", action="store_true", help="also time each launch configuration of the kernel's TUNING table")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu = interpreter smoke run of this script")
-    p.add_argument("--hbm-gbs", type=float, help="peak HBM GB/s (default: by device name)")
-    p.add_argument("--warmup-ms", type=int, default=10)
-    p.add_argument("--rep-ms", type=int, default=50)
-    p.add_argument("--budget-s", type=float, default=480.0, help="start no new case after this many seconds")
     return p.parse_args()
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import start_device, time_ms
+from bench_common import bench_parser, start_device, time_ms
 
 HBM_GBS = {"H200": 4800.0, "H100 NVL": 3900.0, "H100": 3350.0, "B200": 8000.0}  # NVIDIA datasheets
 MS = (1, 64, 4096, 16384)
@@ -209,17 +209,10 @@ def write_report(torch, device, rows: list[Row], skipped: list[str], args, hbm: 
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="directory for bench.log, results.jsonl, results.md")
-    p.add_argument("--append", nargs="?", const=str(ROOT / "docs" / "benchmarks.md"), default=None, help="append the report (default file: docs/benchmarks.md)")
+    p = bench_parser(__doc__, budget_s=300.0, rep_ms=50, hbm=True)
     p.add_argument("--m", type=int, nargs="+", default=list(MS), help="token counts")
     p.add_argument("--cases", nargs="+", choices=[c.name for c in CASES], help="only these cases")
     p.add_argument("--sweep", action="store_true", help="time every launch config of the kernel's TUNING table, report the fastest")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu = interpreter smoke run of this script")
-    p.add_argument("--hbm-gbs", type=float, help="peak HBM GB/s (default: by device name)")
-    p.add_argument("--warmup-ms", type=int, default=10)
-    p.add_argument("--rep-ms", type=int, default=50)
-    p.add_argument("--budget-s", type=float, default=300.0, help="start no new case after this many seconds")
     return p.parse_args(argv)
 
 

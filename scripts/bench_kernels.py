@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_gemm  # noqa: E402  (the GEMM family)
-from bench_common import CPU_PEAKS, PEAKS, Bench, start_device  # noqa: E402
+from bench_common import Bench, bench_parser, CPU_PEAKS, PEAKS, start_device  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 Checkpoint = Callable[[], object]  # writes OUT/results.md with the rows so far
@@ -112,19 +112,12 @@ def write_report(b: Bench, versions: dict[str, str], families: list[str], args: 
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="directory for bench.log, results.jsonl, results.md")
+    p = bench_parser(__doc__, budget_s=400.0, rep_ms=30)
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu = interpreter smoke run of this script")
     p.add_argument("--shapes", nargs="*", help="substrings of 'model projection' to keep, e.g. deepseek")
     p.add_argument("--ms", nargs="*", type=int, help="M values (default: 1 16 64 128 1024 4096 8192)")
     p.add_argument("--sweep", choices=("off", "quick", "full"), default="quick",
                    help="after the main pass, time candidate configs: quick = 4 representative shapes, 6 M values; full = all")  # fmt: skip
-    p.add_argument("--warmup-ms", type=int, default=10)
-    p.add_argument("--rep-ms", type=int, default=30)
-    p.add_argument("--budget-s", type=float, default=400.0, help="stop starting new cases after this many seconds")
-    p.add_argument("--append", nargs="?", const=str(ROOT / "docs" / "benchmarks.md"), default=None,
-                   help="append OUT/results.md to this markdown file (default docs/benchmarks.md); never in a cpu run")  # fmt: skip
     args = p.parse_args()
     torch, device = start_device(args)
     gpu, peaks, versions = environment(torch, device)

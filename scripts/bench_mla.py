@@ -42,7 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import Bench, Row, close_check, fmt, lazy, load_flashinfer, pct, start_device  # noqa: E402  (shared timers, rows, log)
+from bench_common import Bench, bench_parser, close_check, fmt, lazy, load_flashinfer, pct, Row, start_device  # noqa: E402  (shared timers, rows, log)
 from bench_kernels import environment  # noqa: E402
 
 PAGE = 16
@@ -208,15 +208,9 @@ def write_report(b: Bench, versions: dict[str, str], sh: Shapes, append: str | N
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--budget-s", type=float, default=300.0, help="start no new case or sweep config after this many seconds")
+    p = bench_parser(__doc__, budget_s=300.0, rep_ms=40)
     p.add_argument("--fi-backends", default="auto", help="comma list of FlashInfer MLA backends (auto, fa2, fa3); '' for none")
     p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--warmup-ms", type=int, default=10)
-    p.add_argument("--rep-ms", type=int, default=40)
-    p.add_argument("--append", nargs="?", const=str(ROOT / "docs" / "benchmarks.md"), default=None)
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu = interpreter smoke run of this script")
     return p.parse_args(argv)
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import Bench, start_device, Row, fmt, pct  # noqa: E402  (shared timers: eager, CUDA graph with L2 flush; rows; log)
+from bench_common import Bench, bench_parser, fmt, pct, Row, start_device  # noqa: E402  (shared timers: eager, CUDA graph with L2 flush; rows; log)
 from bench_kernels import environment  # noqa: E402
 
 
@@ -241,16 +241,10 @@ def write_report(b: Bench, versions: dict, args: argparse.Namespace) -> list[str
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True)
+    p = bench_parser(__doc__, budget_s=240.0, rep_ms=40)
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--formats", nargs="+", default=["fp8-block", "mxfp8"], choices=["fp8-block", "mxfp8"])
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu = interpreter smoke run of this script")
-    p.add_argument("--budget-s", type=float, default=240.0, help="start no new case after this many seconds")
     p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True, help="time other tile configs at the end (GPT-OSS FP8-block)")
-    p.add_argument("--warmup-ms", type=int, default=10)
-    p.add_argument("--rep-ms", type=int, default=40)
-    p.add_argument("--append", nargs="?", const=str(ROOT / "docs" / "benchmarks.md"), default=None)
     args = p.parse_args()
     torch, device = start_device(args)
     gpu, peaks, versions = environment(torch, device)

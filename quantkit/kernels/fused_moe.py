@@ -283,7 +283,7 @@ def _gemm(a: torch.Tensor, sa: torch.Tensor | None, w: ExpertWeights, out: torch
           top_k: int, spec: MoeSpec, gated: bool, block_n: int, cfg: MoeConfig) -> None:  # fmt: skip
     """Launch one grouped GEMM (gated: GEMM 1 with the activation; else GEMM 2).  ``sa`` None:
     ``a`` is x.dtype and each program quantizes it (``cfg.fuse_quant``)."""
-    e, nw, k = w.shape
+    _, nw, k = w.shape
     n_out = nw // 2 if gated else nw
     fp8b = w.fmt == "fp8-block"
     ws = w.scale.view(torch.uint8) if not fp8b else w.scale

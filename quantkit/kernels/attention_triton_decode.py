@@ -53,6 +53,27 @@ INTERPRETER_DECODE = DecodeConfig(16, 1, 1)
 
 
 @triton.jit
+def split_range(start, ctx, split, num_splits, BLOCK_N: tl.constexpr):
+    """Keys [lo, hi) of ``split``: start .. ctx - 1 cut into num_splits runs of whole key blocks."""
+    per = tl.cdiv(tl.cdiv(ctx - start, num_splits), BLOCK_N) * BLOCK_N
+    lo = start + split * per
+    return lo, tl.minimum(lo + per, ctx)
+
+
+@triton.jit
+def write_split(acc, m_i, l_i, o_ptrs, part_ptrs, lse_ptrs, mask, h_ok, FINAL: tl.constexpr):
+    """The end of a split-KV program: with one split (FINAL) the output acc / l (l > 0: a context
+    has >= 1 key); else the split's partial acc / l and its log2-sum-exp2, -inf when it saw no key
+    (float32 [rows, cols] and [rows]), for :func:`merge_splits`."""
+    if FINAL:
+        tl.store(o_ptrs, (acc / l_i[:, None]).to(o_ptrs.dtype.element_ty), mask=mask)
+    else:
+        empty = l_i == 0.0
+        tl.store(part_ptrs, acc / tl.where(empty, 1.0, l_i)[:, None], mask=mask)
+        tl.store(lse_ptrs, tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i))), mask=h_ok)
+
+
+@triton.jit
 def _decode_split_kernel(Q, K, V, BT, CTX, SINKS, O, OP, LSE,
                          sq_b, sq_h, sk_t, sk_h, sv_t, sv_h, s_bt, so_b, so_h, sop_b, sop_h, sop_s, sl_b, sl_h,
                          qk_scale, window, block_size, num_splits,
@@ -67,9 +88,7 @@ def _decode_split_kernel(Q, K, V, BT, CTX, SINKS, O, OP, LSE,
     start = 0
     if HAS_WINDOW:  # the new token is at position ctx - 1: keys ctx - window .. ctx - 1
         start = tl.maximum(ctx - window, 0)
-    per = tl.cdiv(tl.cdiv(ctx - start, num_splits), BLOCK_N) * BLOCK_N
-    lo = start + split * per
-    hi = tl.minimum(lo + per, ctx)
+    lo, hi = split_range(start, ctx, split, num_splits, BLOCK_N)
     offs_h = tl.arange(0, BLOCK_H)
     h_ok = offs_h < GROUP
     heads = kvh * GROUP + offs_h
@@ -104,16 +123,10 @@ def _decode_split_kernel(Q, K, V, BT, CTX, SINKS, O, OP, LSE,
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = tl.dot(p.to(DOT), v.to(DOT), acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
-    if FINAL:  # l_i > 0: a context has >= 1 key
-        o_ptrs = O + b.to(tl.int64) * so_b + heads[:, None] * so_h + offs_dv[None, :]
-        tl.store(o_ptrs, (acc / l_i[:, None]).to(O.dtype.element_ty), mask=h_ok[:, None] & dv_ok[None, :])
-    else:
-        empty = l_i == 0.0  # this split has no keys of this sequence
-        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-        o = acc / tl.where(empty, 1.0, l_i)[:, None]
-        part = OP + b.to(tl.int64) * sop_b + heads[:, None] * sop_h + split * sop_s + offs_dv[None, :]
-        tl.store(part, o, mask=h_ok[:, None] & dv_ok[None, :])
-        tl.store(LSE + b.to(tl.int64) * sl_b + heads * sl_h + split, lse, mask=h_ok)
+    b64 = b.to(tl.int64)
+    write_split(acc, m_i, l_i, O + b64 * so_b + heads[:, None] * so_h + offs_dv[None, :],
+                OP + b64 * sop_b + heads[:, None] * sop_h + split * sop_s + offs_dv[None, :],
+                LSE + b64 * sl_b + heads * sl_h + split, h_ok[:, None] & dv_ok[None, :], h_ok, FINAL)
 
 
 @triton.jit

@@ -36,7 +36,7 @@ import triton.language as tl
 
 from . import dispatch
 from .attention_triton import LOG2E, check_operands, dot_dtype, pow2
-from .attention_triton_decode import merge_splits, num_splits
+from .attention_triton_decode import merge_splits, num_splits, split_range, write_split
 from .mla import check_mla
 from .triton_numerics import PRIORITY, available, interpreted
 
@@ -70,9 +70,7 @@ def _mla_split_kernel(QL, QR, KV, KR, BT, CTX, O, OP, LSE,
     b = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(CTX + b).to(tl.int32)
-    per = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
-    lo = split * per
-    hi = tl.minimum(lo + per, ctx)
+    lo, hi = split_range(0, ctx, split, num_splits, BLOCK_N)
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = heads < num_heads
     offs_r = tl.arange(0, BLOCK_R)
@@ -104,16 +102,9 @@ def _mla_split_kernel(QL, QR, KV, KR, BT, CTX, O, OP, LSE,
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = tl.dot(p.to(DOT), c, acc * alpha[:, None], input_precision=PRECISION)  # the same chunk as the value
         m_i = m_new
-    if FINAL:  # l_i > 0: a context has >= 1 key
-        o_ptrs = O + b64 * so_b + heads[:, None] * so_h + offs_r[None, :]
-        tl.store(o_ptrs, (acc / l_i[:, None]).to(O.dtype.element_ty), mask=h_ok[:, None] & r_ok[None, :])
-    else:
-        empty = l_i == 0.0  # this split has no keys of this sequence
-        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-        o = acc / tl.where(empty, 1.0, l_i)[:, None]
-        part = OP + b64 * sop_b + heads[:, None] * sop_h + split * sop_s + offs_r[None, :]
-        tl.store(part, o, mask=h_ok[:, None] & r_ok[None, :])
-        tl.store(LSE + b64 * sl_b + heads * sl_h + split, lse, mask=h_ok)
+    write_split(acc, m_i, l_i, O + b64 * so_b + heads[:, None] * so_h + offs_r[None, :],
+                OP + b64 * sop_b + heads[:, None] * sop_h + split * sop_s + offs_r[None, :],
+                LSE + b64 * sl_b + heads * sl_h + split, h_ok[:, None] & r_ok[None, :], h_ok, FINAL)
 
 
 def _check(q_lat, q_rot, kv, k_rot, block_tables, context_lens, block_size, cfg: MLAConfig) -> None:

@@ -17,8 +17,11 @@ Launch choices (:class:`Config`, vLLM's / Triton's persistent-matmul tutorial de
 tile order (GROUP rows of tiles share a column tile while it is in L2), TMA descriptor loads
 (host ``TensorDescriptor``: rows 16-byte aligned), optional persistent programs looping over
 tiles (``tl.range(..., flatten=True)``, TMA only), split-K with a deterministic reduction.
-Hopper warp specialisation (``tl.range(warp_specialize=True)``) is Blackwell-only in Triton
-3.6 and 3.9, so it is not used.  The 128x256 tiles spill: promotion keeps two f32 tiles live.
+Warp specialisation is not used: for sm_90, Triton 3.6's ``tl.range(warp_specialize=True)``
+builds DeepGEMM's layout (one TMA producer warpgroup, two 64-row consumer warpgroups at 232
+registers) from this loop, but every such variant tried (128x128 and 128x256 / 256x128 tiles, 3-5
+stages) hung on the H200, even on a 256x256x512 problem; with one consumer (64x128) it ran at 0.63x
+the plain kernel.  The 128x256 tiles spill: promotion keeps two f32 tiles live.
 
 Split-K partials go to a :class:`Workspace` (cached, reused; its arrival counters are reset by
 the kernel itself), so a launch allocates only its output and is CUDA-graph safe.
@@ -74,14 +77,22 @@ class Workspace:
     def counters(self, numel: int, device: torch.device) -> torch.Tensor:
         return self._get("count", numel, torch.int32, device)
 
+    @staticmethod
+    def _device_key(device: torch.device) -> tuple[str, int | None]:
+        """("cuda", index) with the current device's index for a bare "cuda": one buffer per GPU."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            return ("cuda", torch.cuda.current_device())
+        return (device.type, device.index)
+
     def sm_count(self, device: torch.device) -> int:
-        key = (device.type, device.index)
+        key = self._device_key(device)
         if key not in self._sms:  # the CPU interpreter gets 8 "SMs": small grids still exercise split-K
             self._sms[key] = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
         return self._sms[key]
 
     def _get(self, kind: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        key = (kind, device.type, device.index)
+        key = (kind, *self._device_key(device))
         buf = self._bufs.get(key)
         if buf is not None and buf.numel() >= numel:
             return buf
@@ -251,7 +262,7 @@ def _tile_step(acc, x_ptr, xs_ptr, y_ptr, ys_ptr, x_desc, y_desc, rows_x, rows_y
     return acc
 
 
-@triton.jit(do_not_specialize=["P", "Q", "XS_COLS", "YS_COLS", "sxsp", "sxsk", "sysq", "sysk", "kb_per_split"])
+@triton.jit  # integers specialised (divisibility by 16): unspecialised P, Q and strides ran 6-40% slower on the H200
 def _tiled_kernel(
     x_ptr, xs_ptr, y_ptr, ys_ptr, c_ptr, bias_ptr, part_ptr, count_ptr, x_desc, y_desc,
     P, Q, K, XS_COLS, YS_COLS, kb_per_split,

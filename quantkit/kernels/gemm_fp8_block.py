@@ -9,9 +9,9 @@ The kernel and its launch come from a table by M (:data:`FP8_BLOCK_CONFIGS`, mea
 ``scripts/bench_kernels.py --sweep``; no autotuning at run time):
 
 * M <= 64: :mod:`.gemm_skinny` (decode: GEMV-like, split-K over every SM, streams the weight once);
-* larger M: :mod:`.gemm_block_scaled` (64x128 tiles, one warpgroup, grouped order; TMA loads
-  from M = 1025 on, when rows are 16-byte aligned, else pointer loads -- the table's rule, so an
-  explicit ``config`` with ``tma=True`` on unaligned rows raises instead).
+* larger M: :mod:`.gemm_block_scaled` (grouped order; 64x128 tiles on one warpgroup up to M = 256,
+  then 128x128 on two with TMA loads when rows are 16-byte aligned, else pointer loads -- the
+  table's rule, so an explicit ``config`` with ``tma=True`` on unaligned rows raises instead).
 
 ``by-shape`` (the backend ``auto`` picks on Hopper) runs cuBLAS or this Triton op per the
 measured crossover table :data:`.scaled_mm.BY_SHAPE_FP8`, and says which through
@@ -34,14 +34,14 @@ from .triton_numerics import PRIORITY, available
 KernelConfig = Config | SkinnyConfig
 ConfigTable = tuple[tuple[int, KernelConfig], ...]
 
-# (largest M, config).  Measured on the H200 (docs/benchmarks.md, first run): at M >= 128 the
-# 64x128 / 4 warps tiles beat 128x128 / 8 warps (two f32 tiles per thread leave room for 2-3
-# programs per SM, which hides the promotion), TMA paid off from M = 4096; 128x256 spills.
-# M <= 64 is weight-bandwidth bound: the small-M kernel.
+# (largest M, config).  Measured on the H200 (docs/benchmarks.md): M <= 64 is weight-bandwidth
+# bound: the small-M kernel.  From M = 257 on, 128x128 tiles on two warpgroups with 4 TMA stages
+# (4-5% over 3 stages; since the kernel's integers are specialised, 6-40% over 64x128 / 4 warps,
+# which had won while the output masks were unspecialised); 128x256 spills.
 FP8_BLOCK_CONFIGS: ConfigTable = (
     (64, SkinnyConfig(block_n=64, waves=4, large_waves=2, num_warps=4, num_stages=4)),
-    (1024, Config(64, 128, group=8, num_warps=4, num_stages=4)),
-    (INT32_LIMIT, Config(64, 128, group=8, tma=True, num_warps=4, num_stages=3)),
+    (256, Config(64, 128, group=8, num_warps=4, num_stages=4)),
+    (INT32_LIMIT, Config(128, 128, group=8, tma=True, num_warps=8, num_stages=4)),
 )
 
 

@@ -34,8 +34,14 @@ HAS_CUDA = torch.cuda.is_available()
 BF16_ULP = 2.0**-7  # spacing of bfloat16 relative to the value, at worst
 
 
+GPU_REL = 1e-3  # the compiled fp8 tensor core's accumulation (module docstring)
+
+
 def assert_gemm_close(out: torch.Tensor, ref: torch.Tensor, what: str, rel: float) -> None:
-    """|out - ref| <= rel * |ref| + rel * max|ref| (+ one bf16 ulp for bf16 outputs); names the worst element."""
+    """|out - ref| <= rel * |ref| + rel * max|ref| (+ one bf16 ulp for bf16 outputs); names the worst
+    element.  A CUDA output comes from the compiled kernels: rel is at least GPU_REL there."""
+    if out.is_cuda:
+        rel = max(rel, GPU_REL)
     o, r = out.float().cpu(), ref.float().cpu()
     assert o.shape == r.shape, f"{what}: shape {tuple(o.shape)}, want {tuple(r.shape)}"
     ulp = BF16_ULP if out.dtype == torch.bfloat16 else 0.0

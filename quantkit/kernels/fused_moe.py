@@ -72,7 +72,7 @@ class MoeConfig:
 
 # (largest average (token, slot) pairs per expert, config).  Decode is weight-bandwidth bound:
 # 16-row blocks and narrow N tiles so the few hit experts spread over every SM (vLLM H200
-# fused_moe fp8 tables use 16 x 32..64 there); prefill is compute bound: 64..128 x 128 tiles.
+# fused_moe fp8 tables use 16 x 32..64 there); prefill is compute bound: 64-row blocks, 128-column GEMM-2 tiles.
 # Few tokens (H200, GPT-OSS-120B and DeepSeek-V3 at T = 1 / 4 / 16, per-launch profiles with L2
 # flushed): quantizing x and the intermediate in two launches beat ``fuse_quant`` (each program
 # re-quantizing its rows) at every T, 4-14% of the MoE time, and 128-column GEMM-2 tiles cut
@@ -83,13 +83,21 @@ MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
     (8, MoeConfig(16, 64, 64, num_warps=4, num_stages=4)),  # GPT-OSS-120B T=128: 0.871 ms vs 1.019 (16x32/32)
     (48, MoeConfig(32, 64, 64, num_warps=4, num_stages=4)),
     (160, MoeConfig(64, 64, 128, num_warps=4, num_stages=3)),
-    (float("inf"), MoeConfig(128, 64, 128, num_warps=8, num_stages=3)),
+    # 8192-token prefill, fp8-block: 1.13x (GPT-OSS-120B) / 1.11x (DeepSeek-V3) the 128x64/128 w8 tiles
+    (float("inf"), MoeConfig(64, 64, 128, num_warps=4, num_stages=4)),
 )
+
+
+# MXFP8 experts past the table's last limit (H200, 8192 tokens, bf16 operands): 1.33x (GPT-OSS-120B)
+# / 1.35x (DeepSeek-V3) the 64x64/128 tiles above, which were 1.13-1.16x the 128x64/128 w8 ones.
+MX_PREFILL_CONFIG = MoeConfig(128, 128, 128, num_warps=8, num_stages=3, upcast=True)
 
 
 def pick_moe_config(n_pairs: int, num_experts: int, fmt: str) -> MoeConfig:
     avg = n_pairs / max(num_experts, 1)
     cfg = next(c for limit, c in MOE_CONFIGS if avg <= limit)
+    if fmt == "mxfp8" and avg > MOE_CONFIGS[-2][0]:
+        return MX_PREFILL_CONFIG
     if fmt == "mxfp8" and cfg.block_m >= 64:  # per-32 promotion costs more than exact bf16 operands there
         return MoeConfig(**{**cfg.__dict__, "upcast": True})
     return cfg

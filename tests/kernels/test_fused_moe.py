@@ -26,7 +26,7 @@ from quantkit.engine.layers.moe import route as engine_route
 from quantkit.engine.qlinear import ActQuant, Fp8Block, Mxfp8
 from quantkit.formats import fp8_block, mxfp8
 from quantkit.kernels import dispatch, moe_routing
-from quantkit.kernels.fused_moe import MOE_CONFIGS, MoeConfig, pick_moe_config
+from quantkit.kernels.fused_moe import MOE_CONFIGS, MX_PREFILL_CONFIG, MoeConfig, pick_moe_config
 from quantkit.kernels.fused_moe_ref import ExpertWeights, MoeSpec, check_moe, fused_moe_ref, stack_gate_up
 from quantkit.kernels.moe_routing import SMALL_N_MAX, align, align_capacity, align_torch, align_triton, route
 
@@ -268,6 +268,7 @@ CASES = [
     ("fp8-block", MoeSpec("silu", scale_fmt="ue8m0"), 3, 160, 128, 40, 2, 1.0, MoeConfig(16, 32, 64, fuse_quant=True)),
     ("mxfp8", MoeSpec("gpt-oss", interleaved=True, rule="floor"), 3, 160, 96, 40, 2, 20.0, MoeConfig(16, 64, 32, upcast=True, fuse_quant=True)),
     ("mxfp8", SILU, 4, 256, 128, 3, 2, 1.0, MoeConfig(16, 32, 32, fuse_quant=True)),
+    ("mxfp8", GPT_OSS, 3, 160, 96, 40, 2, 1.0, MX_PREFILL_CONFIG),  # the MX prefill tiles: 128 x 128 bf16 operands
     # split-K (decode): H = 416 is 4 K-blocks with a partial last one, I = 288 is 3; explicit and auto splits
     ("fp8-block", GPT_OSS, 4, 416, 288, 2, 2, 1.0, MoeConfig(16, 32, 32, split_k=3)),
     ("mxfp8", SILU, 4, 416, 288, 1, 2, 1.0, MoeConfig(16, 32, 32, fuse_quant=True, split_k=2)),
@@ -346,7 +347,9 @@ def test_registered_with_the_dispatcher():
 def test_config_table():
     assert pick_moe_config(4, 128, "fp8-block").block_m == 16  # GPT-OSS decode, T = 1
     assert pick_moe_config(8192 * 4, 128, "fp8-block") == MOE_CONFIGS[-1][1]
-    assert pick_moe_config(8192 * 4, 128, "mxfp8").upcast and not pick_moe_config(4, 128, "mxfp8").upcast
+    assert pick_moe_config(8192 * 4, 128, "mxfp8") == MX_PREFILL_CONFIG and MX_PREFILL_CONFIG.upcast
+    assert pick_moe_config(160 * 128, 128, "mxfp8") == MoeConfig(**{**MOE_CONFIGS[-2][1].__dict__, "upcast": True})
+    assert not pick_moe_config(4, 128, "mxfp8").upcast
 
 
 def test_rejects_bad_inputs(gen):
@@ -410,7 +413,7 @@ def test_gpu_gpt_oss_shapes(gpt_oss_experts, t):
     out = dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS)
     assert_moe_close(out, ref, f"gpt-oss {w13.fmt} T={t}", 1e-2)
     assert torch.equal(out, dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS)), "deterministic"
-    for _, cfg in MOE_CONFIGS:
+    for cfg in [c for _, c in MOE_CONFIGS] + ([MX_PREFILL_CONFIG] if w13.fmt == "mxfp8" else []):
         cfg = MoeConfig(**{**cfg.__dict__, "upcast": cfg.upcast or (w13.fmt == "mxfp8" and cfg.block_m >= 64)})
         assert_moe_close(run_triton(x, w, ids, w13, w2, GPT_OSS, "cuda", cfg), ref, f"gpt-oss {w13.fmt} T={t} {cfg.name()}", 1e-2)
 

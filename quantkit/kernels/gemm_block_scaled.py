@@ -262,7 +262,7 @@ def _tile_step(acc, x_ptr, xs_ptr, y_ptr, ys_ptr, x_desc, y_desc, rows_x, rows_y
     return acc
 
 
-@triton.jit  # integers specialised (divisibility by 16): unspecialised P, Q and strides ran 6-40% slower on the H200
+@triton.jit  # integers specialised (divisibility by 16): unspecialised P, Q and strides ran 4-40% slower on the H200
 def _tiled_kernel(
     x_ptr, xs_ptr, y_ptr, ys_ptr, c_ptr, bias_ptr, part_ptr, count_ptr, x_desc, y_desc,
     P, Q, K, XS_COLS, YS_COLS, kb_per_split,

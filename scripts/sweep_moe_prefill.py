@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT)), sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 VARIANTS = (  # (block_m, block_n1, block_n2, warps, stages[, group_m])
     (128, 64, 128, 8, 3), (128, 64, 128, 8, 4), (64, 64, 128, 4, 3), (64, 64, 128, 4, 4), (128, 64, 128, 8, 3, 16),
@@ -34,49 +35,57 @@ def main() -> None:
     args = p.parse_args()
 
     import torch
-    import triton
+    from bench_moe import MODELS
 
-    from bench_moe import MODELS, build_experts
+    t0 = time.time()
+    for fmt in args.formats:
+        for name in args.models:
+            sweep_one(fmt, MODELS[name], args.tokens, args.peak_tflops, lambda: time.time() - t0 > args.budget_s)
+            torch.cuda.empty_cache()
+
+
+def sweep_one(fmt: str, m, t: int, peak: float, out_of_time) -> None:
+    """One model and format: the table's config, then each of VARIANTS while there is time."""
+    import torch
+    import triton
+    from bench_moe import build_experts
+
     from quantkit.kernels.fused_moe import MoeConfig, fused_moe, pick_moe_config
     from quantkit.kernels.fused_moe_ref import MoeSpec
     from quantkit.kernels.moe_routing import route
 
     dev = torch.device("cuda")
-    t0, t = time.time(), args.tokens
-    for fmt in args.formats:
-        for name in args.models:
-            m = MODELS[name]
-            gpt = m.activation == "gpt-oss"
-            spec = MoeSpec(m.activation, interleaved=gpt)
-            w13, _ = build_experts(torch, fmt, m.e, 2 * m.inter, m.h, gpt, dev)
-            w2, _ = build_experts(torch, fmt, m.e, m.h, m.inter, gpt, dev)
-            gen = torch.Generator(device=dev).manual_seed(0)
-            corr = torch.randn(m.e, device=dev, generator=gen) * 0.1 if m.rule == "grouped_sigmoid" else None
-            x = torch.randn(t, m.h, device=dev, generator=gen).to(torch.bfloat16)
-            wts, ids = route(torch.randn(t, m.e, device=dev, generator=gen), m.rule, m.top_k, correction_bias=corr, **dict(m.route_kw))
-            flops = 6 * t * m.top_k * m.inter * m.h
+    gpt = m.activation == "gpt-oss"
+    spec = MoeSpec(m.activation, interleaved=gpt)
+    w13, _ = build_experts(torch, fmt, m.e, 2 * m.inter, m.h, gpt, dev)
+    w2, _ = build_experts(torch, fmt, m.e, m.h, m.inter, gpt, dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    corr = torch.randn(m.e, device=dev, generator=gen) * 0.1 if m.rule == "grouped_sigmoid" else None
+    x = torch.randn(t, m.h, device=dev, generator=gen).to(torch.bfloat16)
+    wts, ids = route(torch.randn(t, m.e, device=dev, generator=gen), m.rule, m.top_k, correction_bias=corr, **dict(m.route_kw))
+    flops = 6 * t * m.top_k * m.inter * m.h
 
-            def timed(cfg):
-                return triton.testing.do_bench(lambda: fused_moe(x, wts, ids, w13, w2, spec, config=cfg), warmup=25, rep=200)
+    def run(cfg) -> torch.Tensor:
+        return fused_moe(x, wts, ids, w13, w2, spec, config=cfg)
 
-            base = pick_moe_config(t * m.top_k, m.e, fmt)
-            ref = fused_moe(x, wts, ids, w13, w2, spec, config=base).float()
-            tb = timed(base)
-            print(f"== {fmt} {name} T={t}: table {base.name()} {tb:.3f} ms {flops / tb / 1e9:.0f} TFLOPS ({flops / tb / 1e9 / args.peak_tflops:.0%} of peak)", flush=True)
-            for v in VARIANTS:
-                if time.time() - t0 > args.budget_s:
-                    print("   budget spent", flush=True)
-                    break
-                cfg = MoeConfig(*v[:3], num_warps=v[3], num_stages=v[4], group_m=v[5] if len(v) > 5 else 8, upcast=base.upcast and v[0] >= 64)
-                try:
-                    err = ((fused_moe(x, wts, ids, w13, w2, spec, config=cfg).float() - ref).norm() / ref.norm()).item()
-                    tv = timed(cfg)
-                    print(f"   {cfg.name():28s} {tv:.3f} ms {flops / tv / 1e9:5.0f} TFLOPS x{tb / tv:.2f} the table, rel err vs table {err:.1e}", flush=True)
-                except Exception as e:  # noqa: BLE001  (a config that fails to compile is reported, the sweep goes on)
-                    print(f"   {cfg.name()} FAIL {str(e)[:150]}", flush=True)
-            del w13, w2, x, ref
-            torch.cuda.empty_cache()
+    def timed(cfg) -> float:
+        return triton.testing.do_bench(lambda: run(cfg), warmup=25, rep=200)
 
+    base = pick_moe_config(t * m.top_k, m.e, fmt)
+    ref = run(base).float()
+    tb = timed(base)
+    print(f"== {fmt} {m.name} T={t}: table {base.name()} {tb:.3f} ms {flops / tb / 1e9:.0f} TFLOPS ({flops / tb / 1e9 / peak:.0%} of peak)", flush=True)
+    for v in VARIANTS:
+        if out_of_time():
+            print("   budget spent", flush=True)
+            return
+        cfg = MoeConfig(*v[:3], num_warps=v[3], num_stages=v[4], group_m=v[5] if len(v) > 5 else 8, upcast=base.upcast and v[0] >= 64)
+        try:
+            err = ((run(cfg).float() - ref).norm() / ref.norm()).item()
+            tv = timed(cfg)
+            print(f"   {cfg.name():28s} {tv:.3f} ms {flops / tv / 1e9:5.0f} TFLOPS x{tb / tv:.2f} the table, rel err vs table {err:.1e}", flush=True)
+        except Exception as e:  # noqa: BLE001  (a config that fails to compile is reported, the sweep goes on)
+            print(f"   {cfg.name()} FAIL {str(e)[:150]}", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -34,11 +34,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import Bench, bench_parser, fmt, lazy, load_flashinfer, pct, Row, start_device  # noqa: E402  (shared timers, rows, log)
+from bench_common import Bench, bench_parser, best_row, fmt, lazy, load_flashinfer, pct, Row, start_device  # noqa: E402  (shared timers, rows, log)
 from bench_kernels import environment  # noqa: E402
 
 HQ, HKV, D, WINDOW, PAGE = 64, 8, 64, 128, 16
@@ -283,9 +284,7 @@ def bench_sweep(b: Bench, sh: Shapes, parts: list[str]) -> None:
 
 def summary(rows: list[Row]) -> list[str]:
     """The short table: Triton (defaults) against the best FlashInfer row and SDPA per case; the best sweep config."""
-    def pick(case: str, pred: Callable[[str], bool], sweep: bool = False) -> Row | None:
-        ok = [r for r in rows if r.case == case and (r.note == "sweep") == sweep and pred(r.backend) and r.t]
-        return min(ok, key=lambda r: r.t) if ok else None
+    pick = partial(best_row, rows)
 
     out = ["| case | triton ms | triton | roofline | flashinfer ms (best) | triton / flashinfer | goal | sdpa ms | best sweep config |",
            "|---|---|---|---|---|---|---|---|---|"]

@@ -128,6 +128,13 @@ class Row:
         return self.graph_ms if self.graph_ms is not None else self.ms
 
 
+def best_row(rows: list[Row], case: str, pred: Callable[[str], bool], sweep: bool = False) -> Row | None:
+    """The fastest timed row of ``case`` whose backend satisfies ``pred``, among the sweep rows
+    (``sweep``) or the others; None when there is none."""
+    ok = [r for r in rows if r.case == case and (r.note == "sweep") == sweep and pred(r.backend) and r.t]
+    return min(ok, key=lambda r: r.t) if ok else None
+
+
 @dataclass
 class Bench:
     """What every family uses: device, peaks, timers, log and the rows measured so far."""

@@ -42,7 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import Bench, bench_parser, close_check, fmt, lazy, load_flashinfer, pct, Row, start_device  # noqa: E402  (shared timers, rows, log)
+from bench_common import Bench, bench_parser, best_row, close_check, fmt, lazy, load_flashinfer, pct, Row, start_device  # noqa: E402  (shared timers, rows, log)
 from bench_kernels import environment  # noqa: E402
 
 PAGE = 16
@@ -168,9 +168,7 @@ def bench_sweep(b: Bench, sh: Shapes) -> None:
 
 def summary(rows: list[Row]) -> list[str]:
     """Triton (defaults) against the best FlashInfer row per case; the best sweep configuration."""
-    def pick(case: str, pred: Callable[[str], bool], sweep: bool = False) -> Row | None:
-        ok = [r for r in rows if r.case == case and (r.note == "sweep") == sweep and pred(r.backend) and r.t]
-        return min(ok, key=lambda r: r.t) if ok else None
+    pick = functools.partial(best_row, rows)
 
     out = ["| case | triton ms | GB/s | HBM | roofline | TFLOPS | flashinfer ms (best) | flashinfer GB/s | triton / flashinfer | best sweep config |",
            "|---|---|---|---|---|---|---|---|---|---|"]

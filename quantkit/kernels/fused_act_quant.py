@@ -31,6 +31,7 @@ import triton.language as tl
 from ..formats import e8m0, fp8_block, mxfp8
 from . import dispatch
 from . import fused_act_quant_ref as ref
+from .group_quant import MODE_FLOAT, MODE_MX, MODE_UE8M0  # the quantizing kernels' shared MODE values
 from .triton_numerics import (
     PRIORITY,
     abs_max,
@@ -44,7 +45,6 @@ from .triton_numerics import (
     pow2,
 )
 
-MODE_MX, MODE_FLOAT, MODE_UE8M0 = 0, 1, 2  # as group_quant: the kernels' MODE
 ACT_SILU, ACT_SWIGLU = 0, 1
 LANES: tl.constexpr = tl.constexpr(ref.SUMSQ_LANES)
 LOG2_LANES: tl.constexpr = tl.constexpr(ref.SUMSQ_LANES.bit_length() - 1)

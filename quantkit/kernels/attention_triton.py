@@ -47,6 +47,28 @@ INTERPRETER_PREFILL = PrefillConfig(16, 16, 1, 1)
 
 
 @triton.jit
+def paged_rows(BT, bt_row, offs_n, n_ok, block_size):
+    """Cache rows of key positions ``offs_n`` through the sequence's block-table row (pages of ``block_size``)."""
+    page = tl.load(BT + bt_row + offs_n // block_size, mask=n_ok, other=0).to(tl.int64)
+    return page * block_size + offs_n % block_size
+
+
+@triton.jit
+def softmax_step(qk, v, acc, l_i, m_i, NO_KEY_GUARD: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
+    """One online-softmax step: scores qk [rows, BN] (log2 units, -inf where masked) and values
+    v [BN, dv] (DOT) rescale and extend (acc, l_i, m_i), returned in that order.  NO_KEY_GUARD: a
+    row may have seen no key yet (no sink), so keep exp2 away from -inf - -inf."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    if NO_KEY_GUARD:
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(DOT), v, acc * alpha[:, None], input_precision=PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _prefill_loop(acc, l_i, m_i, q, q_pos, K, V, BT, bt_row, k_start, k_len, sk_t, sv_t, offs_d, offs_dv, d_ok, dv_ok,
                   qk_scale, window, block_size, lo, hi,
                   MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, PAGED: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -59,8 +81,7 @@ def _prefill_loop(acc, l_i, m_i, q, q_pos, K, V, BT, bt_row, k_start, k_len, sk_
         offs_n = start_n + offs_n0
         n_ok = offs_n < k_len
         if PAGED:
-            page = tl.load(BT + bt_row + offs_n // block_size, mask=n_ok, other=0).to(tl.int64)
-            rows = page * block_size + offs_n % block_size
+            rows = paged_rows(BT, bt_row, offs_n, n_ok, block_size)
             k_ptrs = K + rows[:, None] * sk_t + offs_d[None, :]
             v_ptrs = V + rows[:, None] * sv_t + offs_dv[None, :]
         if MASKED:
@@ -75,14 +96,7 @@ def _prefill_loop(acc, l_i, m_i, q, q_pos, K, V, BT, bt_row, k_start, k_len, sk_
             if HAS_WINDOW:
                 ok = ok & (offs_n[None, :] > q_pos[:, None] - window)
             qk = tl.where(ok, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        if MASKED:  # a row may have seen no key yet (no sink): keep exp2 away from -inf - -inf
-            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(DOT), v.to(DOT), acc * alpha[:, None], input_precision=PRECISION)
-        m_i = m_new
+        acc, l_i, m_i = softmax_step(qk, v.to(DOT), acc, l_i, m_i, MASKED, DOT, PRECISION)
         if not PAGED:
             k_ptrs += BLOCK_N * sk_t
             v_ptrs += BLOCK_N * sv_t

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from . import dispatch
 from .attention import check_heads, check_window
-from .attention_triton import LOG2E, check_operands, dot_dtype, pow2
+from .attention_triton import LOG2E, check_operands, dot_dtype, paged_rows, pow2, softmax_step
 from .triton_numerics import PRIORITY, available, interpreted
 
 MAX_SPLITS = 64
@@ -111,18 +111,12 @@ def _decode_split_kernel(Q, K, V, BT, CTX, SINKS, O, OP, LSE,
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
-        page = tl.load(BT + bt_row + offs_n // block_size, mask=n_ok, other=0).to(tl.int64)
-        rows = page * block_size + offs_n % block_size
+        rows = paged_rows(BT, bt_row, offs_n, n_ok, block_size)
         k = tl.load(K + rows[:, None] * sk_t + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         v = tl.load(V + rows[:, None] * sv_t + offs_dv[None, :], mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
         qk = tl.dot(q, tl.trans(k.to(DOT)), input_precision=PRECISION) * qk_scale
         qk = tl.where(n_ok[None, :], qk, float("-inf"))  # offs_n[0] < hi: every row keeps a finite max
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(DOT), v.to(DOT), acc * alpha[:, None], input_precision=PRECISION)
-        m_i = m_new
+        acc, l_i, m_i = softmax_step(qk, v.to(DOT), acc, l_i, m_i, False, DOT, PRECISION)
     b64 = b.to(tl.int64)
     write_split(acc, m_i, l_i, O + b64 * so_b + heads[:, None] * so_h + offs_dv[None, :],
                 OP + b64 * sop_b + heads[:, None] * sop_h + split * sop_s + offs_dv[None, :],

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from . import dispatch
-from .attention_triton import LOG2E, check_operands, dot_dtype, pow2
+from .attention_triton import LOG2E, check_operands, dot_dtype, paged_rows, pow2, softmax_step
 from .attention_triton_decode import merge_splits, num_splits, split_range, write_split
 from .mla import check_mla
 from .triton_numerics import PRIORITY, available, interpreted
@@ -89,19 +89,13 @@ def _mla_split_kernel(QL, QR, KV, KR, BT, CTX, O, OP, LSE,
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
-        page = tl.load(BT + bt_row + offs_n // block_size, mask=n_ok, other=0).to(tl.int64)
-        rows = page * block_size + offs_n % block_size
+        rows = paged_rows(BT, bt_row, offs_n, n_ok, block_size)
         c = tl.load(KV + rows[:, None] * skv_t + offs_r[None, :], mask=n_ok[:, None] & r_ok[None, :], other=0.0).to(DOT)  # [BN, BR]
         kr = tl.load(KR + rows[:, None] * skr_t + offs_p[None, :], mask=n_ok[:, None] & p_ok[None, :], other=0.0).to(DOT)  # [BN, BP]
         qk = tl.dot(ql, tl.trans(c), input_precision=PRECISION)
         qk = tl.dot(qr, tl.trans(kr), qk, input_precision=PRECISION) * qk_scale  # [BH, BN] log2 units
         qk = tl.where(n_ok[None, :], qk, float("-inf"))  # offs_n[0] < hi: every row keeps a finite max
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.exp2(qk - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(DOT), c, acc * alpha[:, None], input_precision=PRECISION)  # the same chunk as the value
-        m_i = m_new
+        acc, l_i, m_i = softmax_step(qk, c, acc, l_i, m_i, False, DOT, PRECISION)  # the latent chunk is also the value
     write_split(acc, m_i, l_i, O + b64 * so_b + heads[:, None] * so_h + offs_r[None, :],
                 OP + b64 * sop_b + heads[:, None] * sop_h + split * sop_s + offs_r[None, :],
                 LSE + b64 * sl_b + heads * sl_h + split, h_ok[:, None] & r_ok[None, :], h_ok, FINAL)

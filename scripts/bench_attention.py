@@ -39,7 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import Bench, bench_parser, best_row, fmt, lazy, load_flashinfer, pct, Row, start_device  # noqa: E402  (shared timers, rows, log)
+from bench_common import Bench, bench_parser, best_row, fmt, rows_table, lazy, load_flashinfer, pct, Row, start_device  # noqa: E402  (shared timers, rows, log)
 from bench_kernels import environment  # noqa: E402
 
 HQ, HKV, D, WINDOW, PAGE = 64, 8, 64, 128, 16
@@ -309,9 +309,7 @@ def summary(rows: list[Row]) -> list[str]:
 def write_report(b: Bench, versions: dict[str, str], sh: Shapes, append: str | None) -> list[str]:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     short = summary(b.rows)
-    full = ["| family | case | backend | eager ms | graph ms | TFLOPS | GB/s | roofline | check | note |", "|---|---|---|---|---|---|---|---|---|---|"]
-    full += [f"| {r.family} | {r.case} | {r.backend} | {fmt(r.ms)} | {fmt(r.graph_ms)} | {fmt(r.tflops, 1)} | {fmt(r.gbs, 0)} | {pct(r.roofline)} | "
-             f"{r.check} | {r.note} |" for r in b.rows]
+    full = rows_table(b.rows, with_family=True)
     text = [f"## Sink attention, {stamp}", "", f"Device: {b.gpu}; " + ", ".join(f"{k} {v}" for k, v in versions.items()),
             f"Command: `python scripts/bench_attention.py {' '.join(sys.argv[1:])}`.",
             f"Shapes: Hq {sh.hq}, Hkv {sh.hkv}, D {sh.d}, pages of {PAGE}; goals: prefill within {GOALS['prefill_vs_flashinfer']}x of "

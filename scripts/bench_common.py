@@ -135,6 +135,15 @@ def best_row(rows: list[Row], case: str, pred: Callable[[str], bool], sweep: boo
     return min(ok, key=lambda r: r.t) if ok else None
 
 
+def rows_table(rows: list[Row], with_family: bool = False) -> list[str]:
+    """Every row measured, as a markdown table (the full record under a report's short table)."""
+    fam_h, fam_sep = ("| family ", "|---") if with_family else ("", "")
+    out = [f"{fam_h}| case | backend | eager ms | graph ms | TFLOPS | GB/s | roofline | check | note |", f"{fam_sep}|---|---|---|---|---|---|---|---|---|"]
+    out += [(f"| {r.family} " if with_family else "") + f"| {r.case} | {r.backend} | {fmt(r.ms)} | {fmt(r.graph_ms)} | {fmt(r.tflops, 1)} | "
+            f"{fmt(r.gbs, 0)} | {pct(r.roofline)} | {r.check} | {r.note} |" for r in rows]  # fmt: skip
+    return out
+
+
 @dataclass
 class Bench:
     """What every family uses: device, peaks, timers, log and the rows measured so far."""

@@ -42,7 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import Bench, bench_parser, best_row, close_check, fmt, lazy, load_flashinfer, pct, Row, start_device  # noqa: E402  (shared timers, rows, log)
+from bench_common import Bench, bench_parser, best_row, close_check, rows_table, fmt, lazy, load_flashinfer, pct, Row, start_device  # noqa: E402  (shared timers, rows, log)
 from bench_kernels import environment  # noqa: E402
 
 PAGE = 16
@@ -188,9 +188,7 @@ def summary(rows: list[Row]) -> list[str]:
 def write_report(b: Bench, versions: dict[str, str], sh: Shapes, append: str | None) -> list[str]:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     short = summary(b.rows)
-    full = ["| case | backend | eager ms | graph ms | TFLOPS | GB/s | roofline | check | note |", "|---|---|---|---|---|---|---|---|---|"]
-    full += [f"| {r.case} | {r.backend} | {fmt(r.ms)} | {fmt(r.graph_ms)} | {fmt(r.tflops, 1)} | {fmt(r.gbs, 0)} | {pct(r.roofline)} | "
-             f"{r.check} | {r.note} |" for r in b.rows]  # fmt: skip
+    full = rows_table(b.rows)
     text = [f"## MLA decode (weight-absorbed), {stamp}", "", f"Device: {b.gpu}; " + ", ".join(f"{k} {v}" for k, v in versions.items()),
             f"Command: `python scripts/bench_mla.py {' '.join(sys.argv[1:])}`.",
             (f"Shapes: H {sh.heads}, rank {sh.rank}, rope {sh.rope}, bf16 cache in pages of {PAGE}. GB/s on the bytes a step must move "

@@ -28,6 +28,7 @@ from quantkit.formats import fp8_block, mxfp8
 from quantkit.kernels import dispatch, moe_routing
 from quantkit.kernels.fused_moe import MOE_CONFIGS, MX_PREFILL_CONFIG, MoeConfig, pick_moe_config
 from quantkit.kernels.fused_moe_ref import ExpertWeights, MoeSpec, check_moe, fused_moe_ref, stack_gate_up
+from quantkit.kernels.fused_moe_sorted import sorted_ok
 from quantkit.kernels.moe_routing import SMALL_N_MAX, align, align_capacity, align_torch, align_triton, route
 
 HAS_CUDA = torch.cuda.is_available()
@@ -293,6 +294,53 @@ def test_triton_fused_moe_matches_reference(triton_device, gen, fmt, spec, e, h,
     assert_moe_close(run_triton(x, w, ids, w13, w2, spec, triton_device, cfg), ref, f"{fmt} {spec.activation} {cfg.name()}", 5e-3)
 
 
+# expert-sorted rows through TMA (fused_moe_sorted): interleaved gate/up as one 128-row tile,
+# concatenated as two; H = 160 and I = 96 leave partial K blocks and weight tiles that run past an
+# expert's rows (zero-filled by the rank-3 descriptor); T = 40 puts > BLOCK_M pairs on an expert.
+SORTED_CASES = [
+    (GPT_OSS, 4, 256, 256, 40, 2, 20.0, MoeConfig(16, 64, 128, sorted_rows=True)),
+    (GPT_OSS, 3, 160, 96, 9, 2, 1.0, MoeConfig(16, 32, 64, sorted_rows=True)),
+    (SILU, 3, 160, 128, 40, 2, 1.0, MoeConfig(16, 64, 64, sorted_rows=True)),
+    (MoeSpec("silu", scale_fmt="ue8m0"), 4, 256, 256, 5, 3, 1.0, MoeConfig(32, 128, 128, num_warps=8, sorted_rows=True)),
+]
+
+
+@pytest.mark.parametrize("spec,e,h,inter,t,k,xs,cfg", SORTED_CASES, ids=[f"{c[0].activation}-T{c[4]}-H{c[2]}-I{c[3]}-{c[7].name()}" for c in SORTED_CASES])
+def test_sorted_rows_match_reference(triton_device, gen, spec, e, h, inter, t, k, xs, cfg):
+    w13, w2 = experts("fp8-block", e, 2 * inter, h, gen, bias=True), experts("fp8-block", e, h, inter, gen, bias=spec.interleaved)
+    assert sorted_ok(w13, w2, spec, cfg.block_n1, cfg.block_n2), "the case must take the sorted path"
+    x = (torch.randn(t, h, generator=gen) * xs).to(torch.bfloat16)
+    w, ids = routed(t, k, e, gen)
+    out = run_triton(x, w, ids, w13, w2, spec, triton_device, cfg)
+    assert_moe_close(out, fused_moe_ref(x, w, ids, w13, w2, spec), f"sorted {spec.activation} {cfg.name()}", 5e-3)
+    gathered = run_triton(x, w, ids, w13, w2, spec, triton_device, MoeConfig(**{**cfg.__dict__, "sorted_rows": False}))
+    assert_moe_close(out, gathered, "sorted vs gathered rows (summation order only)", 1e-3)
+
+
+def test_default_config_at_prefill_takes_sorted_rows(triton_device, gen):
+    """> 160 pairs per expert: the table's last row, expert-sorted rows, matches the reference."""
+    w13, w2 = experts("fp8-block", 2, 256, 128, gen, bias=True), experts("fp8-block", 2, 128, 128, gen, bias=True)
+    x = torch.randn(170, 128, generator=gen).to(torch.bfloat16)
+    w, ids = routed(170, 2, 2, gen)
+    cfg = pick_moe_config(170 * 2, 2, "fp8-block")
+    assert cfg.sorted_rows and sorted_ok(w13, w2, GPT_OSS, cfg.block_n1, cfg.block_n2)
+    assert_moe_close(run_triton(x, w, ids, w13, w2, GPT_OSS, triton_device), fused_moe_ref(x, w, ids, w13, w2, GPT_OSS), "default prefill config", 5e-3)
+
+
+def test_sorted_rows_only_where_scales_are_uniform_per_tile(triton_device, gen):
+    """Concatenated gate/up with I % 128 != 0, MX experts, or wide interleaved tiles keep the
+    gathered-row kernel (and its result)."""
+    w13, w2 = experts("fp8-block", 3, 2 * 96, 160, gen, bias=True), experts("fp8-block", 3, 160, 96, gen, bias=False)
+    assert not sorted_ok(w13, w2, SILU, 64, 64) and sorted_ok(w13, w2, GPT_OSS, 64, 64)
+    assert not sorted_ok(w13, w2, GPT_OSS, 128, 64), "256 interleaved rows span two scale blocks"
+    mx13, mx2 = experts("mxfp8", 3, 256, 128, gen, bias=True), experts("mxfp8", 3, 128, 128, gen, bias=True)
+    assert not sorted_ok(mx13, mx2, GPT_OSS, 64, 64)
+    x = torch.randn(6, 160, generator=gen).to(torch.bfloat16)
+    w, ids = routed(6, 2, 3, gen)
+    out = run_triton(x, w, ids, w13, w2, SILU, triton_device, MoeConfig(16, 64, 64, sorted_rows=True))
+    assert_moe_close(out, fused_moe_ref(x, w, ids, w13, w2, SILU), "fallback to gathered rows", 5e-3)
+
+
 def test_split_k_is_used_and_deterministic(triton_device, gen):
     """Few tokens: the auto split spreads K over programs (moe_split > 1), and the in-order
     reduction gives the same bytes on every run."""
@@ -346,7 +394,7 @@ def test_registered_with_the_dispatcher():
 
 def test_config_table():
     assert pick_moe_config(4, 128, "fp8-block").block_m == 16  # GPT-OSS decode, T = 1
-    assert pick_moe_config(8192 * 4, 128, "fp8-block") == MOE_CONFIGS[-1][1]
+    assert pick_moe_config(8192 * 4, 128, "fp8-block") == MOE_CONFIGS[-1][1] and MOE_CONFIGS[-1][1].sorted_rows
     assert pick_moe_config(8192 * 4, 128, "mxfp8") == MX_PREFILL_CONFIG and MX_PREFILL_CONFIG.upcast
     assert pick_moe_config(160 * 128, 128, "mxfp8") == MoeConfig(**{**MOE_CONFIGS[-2][1].__dict__, "upcast": True})
     assert not pick_moe_config(4, 128, "mxfp8").upcast
@@ -416,6 +464,31 @@ def test_gpu_gpt_oss_shapes(gpt_oss_experts, t):
     for cfg in [c for _, c in MOE_CONFIGS] + ([MX_PREFILL_CONFIG] if w13.fmt == "mxfp8" else []):
         cfg = MoeConfig(**{**cfg.__dict__, "upcast": cfg.upcast or (w13.fmt == "mxfp8" and cfg.block_m >= 64)})
         assert_moe_close(run_triton(x, w, ids, w13, w2, GPT_OSS, "cuda", cfg), ref, f"gpt-oss {w13.fmt} T={t} {cfg.name()}", 1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("spec,h,inter", [(GPT_OSS, 2880, 2880), (SILU, 4096, 1536)], ids=["gpt-oss", "silu-qwen3"])
+def test_gpu_sorted_rows(spec, h, inter):
+    """Expert-sorted rows compiled (TMA, rank-3 weight descriptors) at served shapes: against the
+    reference, against the gathered-row kernel, and replayed from a CUDA graph."""
+    g = torch.Generator().manual_seed(h)
+    w13, w2 = experts("fp8-block", 8, 2 * inter, h, g, True, "cuda"), experts("fp8-block", 8, h, inter, g, spec.interleaved, "cuda")
+    x = torch.randn(1000, h, generator=g).to(torch.bfloat16).cuda()
+    w, ids = routed(1000, 4, 8, g, "cuda")
+    ref = fused_moe_ref(x, w, ids, w13, w2, spec)
+    for cfg in (MoeConfig(128, 64, 128, num_warps=8, num_stages=3, sorted_rows=True), MoeConfig(64, 64, 128, num_warps=4, num_stages=4, sorted_rows=True)):
+        assert sorted_ok(w13, w2, spec, cfg.block_n1, cfg.block_n2)
+        out = run_triton(x, w, ids, w13, w2, spec, "cuda", cfg)
+        assert_moe_close(out, ref, f"sorted {spec.activation} {cfg.name()}", 1e-2)
+        gathered = run_triton(x, w, ids, w13, w2, spec, "cuda", MoeConfig(**{**cfg.__dict__, "sorted_rows": False}))
+        assert_moe_close(out, gathered, f"sorted vs gathered {cfg.name()}", 1e-3)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = dispatch.call("fused_moe", x, w, ids, w13, w2, spec, backend="triton", config=cfg)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(replayed, out), "graph replay = eager"
 
 
 @pytest.mark.gpu

@@ -1,0 +1,33 @@
+"""Triton helpers shared by both fused-MoE kernels (:mod:`.fused_moe`, gathered rows, and
+:mod:`.fused_moe_sorted`, expert-sorted rows): bias and the activation epilogue
+with every torch op's x.dtype rounding reproduced (:func:`.triton_numerics.bf16_round`)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .triton_numerics import bf16_round
+
+
+@triton.jit
+def moe_activation(g, u, ACT: tl.constexpr, alpha, limit, ROUND: tl.constexpr):
+    """The engine's activation on x.dtype values, each torch op's rounding reproduced."""
+    if ACT == 0:  # silu(g) * u
+        s = bf16_round(tl.math.div_rn(g, 1.0 + tl.exp(-g)), ROUND)
+        return bf16_round(s * u, ROUND)
+    g = tl.minimum(
+        g, limit
+    )  # GPT-OSS: (clamp(u) + 1) * g * sigmoid(alpha * g), g <= limit
+    u = tl.minimum(tl.maximum(u, -limit), limit)
+    sig = bf16_round(
+        tl.math.div_rn(1.0, 1.0 + tl.exp(-bf16_round(g * alpha, ROUND))), ROUND
+    )
+    return bf16_round(bf16_round(u + 1.0, ROUND) * bf16_round(g * sig, ROUND), ROUND)
+
+
+@triton.jit
+def add_bias(acc, bias_ptr, rows, col_ok, HAS_BIAS: tl.constexpr):
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rows, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    return acc

@@ -269,7 +269,8 @@ CASES = [
     ("fp8-block", MoeSpec("silu", scale_fmt="ue8m0"), 3, 160, 128, 40, 2, 1.0, MoeConfig(16, 32, 64, fuse_quant=True)),
     ("mxfp8", MoeSpec("gpt-oss", interleaved=True, rule="floor"), 3, 160, 96, 40, 2, 20.0, MoeConfig(16, 64, 32, upcast=True, fuse_quant=True)),
     ("mxfp8", SILU, 4, 256, 128, 3, 2, 1.0, MoeConfig(16, 32, 32, fuse_quant=True)),
-    ("mxfp8", GPT_OSS, 3, 160, 96, 40, 2, 1.0, MX_PREFILL_CONFIG),  # the MX prefill tiles: 128 x 128 bf16 operands
+    ("mxfp8", GPT_OSS, 3, 160, 96, 40, 2, 1.0, MX_PREFILL_CONFIG),  # the MX prefill config: bf16 operands, sorted rows
+    ("mxfp8", GPT_OSS, 3, 160, 96, 40, 2, 1.0, MoeConfig(128, 128, 128, num_warps=8, upcast=True)),  # bf16 operands, gathered rows
     # split-K (decode): H = 416 is 4 K-blocks with a partial last one, I = 288 is 3; explicit and auto splits
     ("fp8-block", GPT_OSS, 4, 416, 288, 2, 2, 1.0, MoeConfig(16, 32, 32, split_k=3)),
     ("mxfp8", SILU, 4, 416, 288, 1, 2, 1.0, MoeConfig(16, 32, 32, fuse_quant=True, split_k=2)),
@@ -298,17 +299,20 @@ def test_triton_fused_moe_matches_reference(triton_device, gen, fmt, spec, e, h,
 # concatenated as two; H = 160 and I = 96 leave partial K blocks and weight tiles that run past an
 # expert's rows (zero-filled by the rank-3 descriptor); T = 40 puts > BLOCK_M pairs on an expert.
 SORTED_CASES = [
-    (GPT_OSS, 4, 256, 256, 40, 2, 20.0, MoeConfig(16, 64, 128, sorted_rows=True)),
-    (GPT_OSS, 3, 160, 96, 9, 2, 1.0, MoeConfig(16, 32, 64, sorted_rows=True)),
-    (SILU, 3, 160, 128, 40, 2, 1.0, MoeConfig(16, 64, 64, sorted_rows=True)),
-    (MoeSpec("silu", scale_fmt="ue8m0"), 4, 256, 256, 5, 3, 1.0, MoeConfig(32, 128, 128, num_warps=8, sorted_rows=True)),
+    ("fp8-block", GPT_OSS, 4, 256, 256, 40, 2, 20.0, MoeConfig(16, 64, 128, sorted_rows=True)),
+    ("fp8-block", GPT_OSS, 3, 160, 96, 9, 2, 1.0, MoeConfig(16, 32, 64, sorted_rows=True)),
+    ("fp8-block", SILU, 3, 160, 128, 40, 2, 1.0, MoeConfig(16, 64, 64, sorted_rows=True)),
+    ("fp8-block", MoeSpec("silu", scale_fmt="ue8m0"), 4, 256, 256, 5, 3, 1.0, MoeConfig(32, 128, 128, num_warps=8, sorted_rows=True)),
+    # MXFP8: 32-column steps on upcast operands, per-row weight scales (tiles past an expert's rows too)
+    ("mxfp8", GPT_OSS, 3, 160, 96, 40, 2, 20.0, MoeConfig(16, 64, 64, upcast=True, sorted_rows=True)),
+    ("mxfp8", SILU, 3, 160, 96, 9, 2, 1.0, MoeConfig(16, 32, 128, upcast=True, sorted_rows=True)),
 ]
 
 
-@pytest.mark.parametrize("spec,e,h,inter,t,k,xs,cfg", SORTED_CASES, ids=[f"{c[0].activation}-T{c[4]}-H{c[2]}-I{c[3]}-{c[7].name()}" for c in SORTED_CASES])
-def test_sorted_rows_match_reference(triton_device, gen, spec, e, h, inter, t, k, xs, cfg):
-    w13, w2 = experts("fp8-block", e, 2 * inter, h, gen, bias=True), experts("fp8-block", e, h, inter, gen, bias=spec.interleaved)
-    assert sorted_ok(w13, w2, spec, cfg.block_n1, cfg.block_n2), "the case must take the sorted path"
+@pytest.mark.parametrize("fmt,spec,e,h,inter,t,k,xs,cfg", SORTED_CASES, ids=[f"{c[0]}-{c[1].activation}-T{c[5]}-H{c[3]}-I{c[4]}-{c[8].name()}" for c in SORTED_CASES])
+def test_sorted_rows_match_reference(triton_device, gen, fmt, spec, e, h, inter, t, k, xs, cfg):
+    w13, w2 = experts(fmt, e, 2 * inter, h, gen, bias=True), experts(fmt, e, h, inter, gen, bias=spec.interleaved)
+    assert sorted_ok(w13, w2, spec, cfg.block_n1, cfg.block_n2, cfg.upcast), "the case must take the sorted path"
     x = (torch.randn(t, h, generator=gen) * xs).to(torch.bfloat16)
     w, ids = routed(t, k, e, gen)
     out = run_triton(x, w, ids, w13, w2, spec, triton_device, cfg)
@@ -334,7 +338,8 @@ def test_sorted_rows_only_where_scales_are_uniform_per_tile(triton_device, gen):
     assert not sorted_ok(w13, w2, SILU, 64, 64) and sorted_ok(w13, w2, GPT_OSS, 64, 64)
     assert not sorted_ok(w13, w2, GPT_OSS, 128, 64), "256 interleaved rows span two scale blocks"
     mx13, mx2 = experts("mxfp8", 3, 256, 128, gen, bias=True), experts("mxfp8", 3, 128, 128, gen, bias=True)
-    assert not sorted_ok(mx13, mx2, GPT_OSS, 64, 64)
+    assert not sorted_ok(mx13, mx2, GPT_OSS, 64, 64), "MX on sorted rows needs upcast operands"
+    assert sorted_ok(mx13, mx2, GPT_OSS, 128, 128, upcast=True) and not sorted_ok(w13, mx2, GPT_OSS, 64, 64, upcast=True)
     x = torch.randn(6, 160, generator=gen).to(torch.bfloat16)
     w, ids = routed(6, 2, 3, gen)
     out = run_triton(x, w, ids, w13, w2, SILU, triton_device, MoeConfig(16, 64, 64, sorted_rows=True))
@@ -395,7 +400,7 @@ def test_registered_with_the_dispatcher():
 def test_config_table():
     assert pick_moe_config(4, 128, "fp8-block").block_m == 16  # GPT-OSS decode, T = 1
     assert pick_moe_config(8192 * 4, 128, "fp8-block") == MOE_CONFIGS[-1][1] and MOE_CONFIGS[-1][1].sorted_rows
-    assert pick_moe_config(8192 * 4, 128, "mxfp8") == MX_PREFILL_CONFIG and MX_PREFILL_CONFIG.upcast
+    assert pick_moe_config(8192 * 4, 128, "mxfp8") == MX_PREFILL_CONFIG and MX_PREFILL_CONFIG.upcast and MX_PREFILL_CONFIG.sorted_rows
     assert pick_moe_config(160 * 128, 128, "mxfp8") == MoeConfig(**{**MOE_CONFIGS[-2][1].__dict__, "upcast": True})
     assert not pick_moe_config(4, 128, "mxfp8").upcast
 
@@ -468,17 +473,19 @@ def test_gpu_gpt_oss_shapes(gpt_oss_experts, t):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("fmt", ["fp8-block", "mxfp8"])
 @pytest.mark.parametrize("spec,h,inter", [(GPT_OSS, 2880, 2880), (SILU, 4096, 1536)], ids=["gpt-oss", "silu-qwen3"])
-def test_gpu_sorted_rows(spec, h, inter):
+def test_gpu_sorted_rows(fmt, spec, h, inter):
     """Expert-sorted rows compiled (TMA, rank-3 weight descriptors) at served shapes: against the
     reference, against the gathered-row kernel, and replayed from a CUDA graph."""
     g = torch.Generator().manual_seed(h)
-    w13, w2 = experts("fp8-block", 8, 2 * inter, h, g, True, "cuda"), experts("fp8-block", 8, h, inter, g, spec.interleaved, "cuda")
+    w13, w2 = experts(fmt, 8, 2 * inter, h, g, True, "cuda"), experts(fmt, 8, h, inter, g, spec.interleaved, "cuda")
+    up = fmt == "mxfp8"
     x = torch.randn(1000, h, generator=g).to(torch.bfloat16).cuda()
     w, ids = routed(1000, 4, 8, g, "cuda")
     ref = fused_moe_ref(x, w, ids, w13, w2, spec)
-    for cfg in (MoeConfig(128, 64, 128, num_warps=8, num_stages=3, sorted_rows=True), MoeConfig(64, 64, 128, num_warps=4, num_stages=4, sorted_rows=True)):
-        assert sorted_ok(w13, w2, spec, cfg.block_n1, cfg.block_n2)
+    for cfg in (MoeConfig(128, 64, 128, num_warps=8, num_stages=3, upcast=up, sorted_rows=True), MoeConfig(64, 64, 128, num_warps=4, num_stages=4, upcast=up, sorted_rows=True)):
+        assert sorted_ok(w13, w2, spec, cfg.block_n1, cfg.block_n2, cfg.upcast)
         out = run_triton(x, w, ids, w13, w2, spec, "cuda", cfg)
         assert_moe_close(out, ref, f"sorted {spec.activation} {cfg.name()}", 1e-2)
         gathered = run_triton(x, w, ids, w13, w2, spec, "cuda", MoeConfig(**{**cfg.__dict__, "sorted_rows": False}))

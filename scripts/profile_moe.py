@@ -79,8 +79,8 @@ def profile_model(torch, name: str, tokens: list[int], flush) -> None:
             kw = {**kw, "fuse_quant": not base.fuse_quant} if "fuse_quant" in kw else kw
             cfg = MoeConfig(**{**base.__dict__, **kw})
             rows = launches(torch, lambda cfg=cfg, x=x, wts=wts, ids=ids: fused_moe(x, wts, ids, w13, w2, spec, config=cfg), flush)
-            g1, g2 = (us for name_, us in rows if "moe_gemm" in name_)
-            rest = " ".join(f"{name_[:12]}={us:.1f}" for name_, us in rows if "moe_gemm" not in name_)
+            g1, g2 = (us for name_, us in rows if "gemm_kernel" in name_)  # gathered or sorted rows
+            rest = " ".join(f"{name_[:12]}={us:.1f}" for name_, us in rows if "gemm_kernel" not in name_)
             print(f"   {cfg.name():<28} total {sum(us for _, us in rows):6.1f} us  GEMM 1 {g1:6.1f} ({b1 / g1 / HBM_BYTES_US:.0%})  "
                   f"GEMM 2 {g2:6.1f} ({b2 / g2 / HBM_BYTES_US:.0%})  {rest}", flush=True)  # fmt: skip
         for label, n, k in (("GEMM 1", hit * 2 * m.inter, m.h), ("GEMM 2", hit * m.h, m.inter)):

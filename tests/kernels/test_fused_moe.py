@@ -332,8 +332,9 @@ def test_default_config_at_prefill_takes_sorted_rows(triton_device, gen):
 
 
 def test_sorted_rows_only_where_scales_are_uniform_per_tile(triton_device, gen):
-    """Concatenated gate/up with I % 128 != 0, MX experts, or wide interleaved tiles keep the
-    gathered-row kernel (and its result)."""
+    """FP8-block tiles under two weight-scale blocks (concatenated gate/up with I % 128 != 0, 256
+    interleaved rows), MX experts without upcast operands, or mixed formats keep the gathered-row
+    kernel (and its result)."""
     w13, w2 = experts("fp8-block", 3, 2 * 96, 160, gen, bias=True), experts("fp8-block", 3, 160, 96, gen, bias=False)
     assert not sorted_ok(w13, w2, SILU, 64, 64) and sorted_ok(w13, w2, GPT_OSS, 64, 64)
     assert not sorted_ok(w13, w2, GPT_OSS, 128, 64), "256 interleaved rows span two scale blocks"

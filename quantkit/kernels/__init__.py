@@ -8,7 +8,7 @@ lists them); each kernel module registers its backend for the ops it implements 
 | :mod:`.mxfp4_decode` | triton   | mxfp4_decode                                               |
 | :mod:`.fp8_block_quant` | triton | fp8_block_quantize_weight                                 |
 | :mod:`.group_quant`  | triton   | mxfp8_quantize, act_quant_mxfp8, act_quant_fp8_block       |
-| :mod:`.fused_moe`    | triton   | fused_moe (reference: :mod:`.fused_moe_ref`; prefill on :mod:`.fused_moe_sorted`) |
+| :mod:`.fused_moe`    | triton   | fused_moe (reference: :mod:`.fused_moe_ref`; prefill on :mod:`.fused_moe_sorted`; shared steps in :mod:`.moe_common`) |
 | :mod:`.fused_act_quant` | triton | rmsnorm_act_quant, silu_mul_act_quant, swiglu_act_quant (reference: :mod:`.fused_act_quant_ref`) |
 | :mod:`.attention_triton`, :mod:`.attention_triton_decode` | triton | attention_prefill, attention_decode (reference: :mod:`.attention`) |
 | :mod:`.attention_flashinfer` | flashinfer (explicit only; when installed) | attention_prefill, attention_decode |

@@ -42,7 +42,7 @@ from .fused_moe_ref import ExpertWeights, MoeSpec, check_moe
 from .fused_moe_sorted import gather_rows, sorted_gemm, sorted_ok
 from .gemm_block_scaled import WORKSPACE, split_reduce_pair, tile_coords
 from .group_quant import act_quant_fp8_block, mxfp8_quantize
-from .moe_epilogue import add_bias, moe_activation
+from .moe_common import add_bias, moe_activation, moe_mma
 from .moe_routing import Alignment, align
 from .triton_numerics import (
     PRIORITY, abs_max, available, bf16_round, divide, e4m3_code, e8m0_decode, e8m0_exponent, fp8_block_scale, hw_e4m3, interpreted, pow2,
@@ -140,22 +140,6 @@ def _quant_group(x, QMODE: tl.constexpr, RCEIL: tl.constexpr, HW_CAST: tl.conste
 
 
 @triton.jit
-def _mma(acc, a, w, sa, sw, W_UNIFORM: tl.constexpr, UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr):
-    """acc += (a * sa) @ (w * sw): promoted fp8 dot, or exact upcast operands."""
-    if UPCAST:
-        ab = (a.to(tl.float32) * sa[:, None]).to(UP_DTYPE)
-        if W_UNIFORM:
-            wb = (w.to(tl.float32) * sw).to(UP_DTYPE)
-        else:
-            wb = (w.to(tl.float32) * sw[None, :]).to(UP_DTYPE)
-        return tl.dot(ab, wb, acc)
-    d = tl.dot(a, w)
-    if W_UNIFORM:
-        return acc + d * (sa * sw)[:, None]
-    return acc + d * (sa[:, None] * sw[None, :])
-
-
-@triton.jit
 def _moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
               s_am, s_asm, s_wn, s_wsn, GATED: tl.constexpr, A_KPS: tl.constexpr, A_E8M0: tl.constexpr,
               W_RPS: tl.constexpr, W_KPS: tl.constexpr, W_E8M0: tl.constexpr, W_UNIFORM: tl.constexpr,
@@ -179,7 +163,7 @@ def _moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, row_g, row_u, r
         else:
             sa = _scale(as_ptr, a_row, 0, s_asm, (kb * BLOCK_K + j * SUB_K) // A_KPS, AS_COLS, 1, False, A_E8M0)
         sg = _scale(ws_e, row_g, row0, s_wsn, wcol, WS_COLS, W_RPS, W_UNIFORM, W_E8M0)
-        acc_g = _mma(acc_g, a, wg, sa, sg, W_UNIFORM, UPCAST, UP_DTYPE)
+        acc_g = moe_mma(acc_g, a, wg, sa, sg, W_UNIFORM, UPCAST, UP_DTYPE)
         if GATED:
             wu_ptrs = w_e + row_u[None, :] * s_wn + ks[:, None]
             if MASKED:
@@ -187,7 +171,7 @@ def _moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, row_g, row_u, r
             else:
                 wu = tl.load(wu_ptrs)
             su = _scale(ws_e, row_u, row0 + up_off, s_wsn, wcol, WS_COLS, W_RPS, W_UNIFORM, W_E8M0)
-            acc_u = _mma(acc_u, a, wu, sa, su, W_UNIFORM, UPCAST, UP_DTYPE)
+            acc_u = moe_mma(acc_u, a, wu, sa, su, W_UNIFORM, UPCAST, UP_DTYPE)
     return acc_g, acc_u
 
 
@@ -331,7 +315,7 @@ def fused_moe(
     config: MoeConfig | None = None,
 ) -> torch.Tensor:
     """x [T, H] -> [T, H] x.dtype; see the module docstring (no host sync)."""
-    t, h, inter, e = check_moe(x, topk_weights, topk_ids, w13, w2)
+    t, h, _, e = check_moe(x, topk_weights, topk_ids, w13, w2)
     k = topk_ids.shape[1]
     n = t * k
     cfg = config or pick_moe_config(n, e, w13.fmt)

@@ -37,7 +37,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..formats import mxfp8
 from .fused_moe_ref import ExpertWeights, MoeSpec
 from .gemm_block_scaled import tile_coords
-from .moe_epilogue import add_bias, moe_activation
+from .moe_common import add_bias, moe_activation, moe_mma
 from .moe_routing import Alignment
 from .triton_numerics import bf16_round, e8m0_decode, interpreted
 
@@ -45,23 +45,18 @@ BLOCK_K = 128
 
 
 @triton.jit
-def _promoted(acc, a, w_desc, e, wrow, k0, sa, ws_e, s_wsn, kb, ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc += (a @ w[e, wrow:wrow+ROWS, k0:k0+128].T) * sa[:, None] * (the tile's weight scale)."""
-    w = w_desc.load([e, wrow, k0]).reshape(ROWS, BLOCK_K)
-    sw = tl.load(ws_e + (wrow // BLOCK_K) * s_wsn + kb)
-    return acc + tl.dot(a, w.T) * (sa * sw)[:, None]
-
-
-@triton.jit
-def _upcast_dot(acc, a, sa, w_desc, e, wrow, k0, ws_e, s_wsn, kcol, N_W, ROWS: tl.constexpr, SUB_K: tl.constexpr, UP_DTYPE: tl.constexpr):
-    """MX: acc += (a * sa) @ (w * sw).T with both sides' E8M0 scales (per row and 32 columns)
-    applied to the E4M3 values in UP_DTYPE (exact: power-of-two scales), float32 accumulation."""
+def _weight_step(acc, a, sa, w_desc, e, wrow, k0, ws_e, s_wsn, kcol, N_W, ROWS: tl.constexpr, SUB_K: tl.constexpr,
+                 MX: tl.constexpr, UP_DTYPE: tl.constexpr):  # fmt: skip
+    """acc += (a * sa) @ (w[e, wrow:wrow+ROWS, k0:k0+SUB_K] * its scales).T (:func:`.moe_common.moe_mma`):
+    FP8-block, one scale for the tile (promoted dot); MX, E8M0 per row (upcast operands; rows
+    past the expert read zeros)."""
     w = w_desc.load([e, wrow, k0]).reshape(ROWS, SUB_K)
-    wr = wrow + tl.arange(0, ROWS)
-    sw = e8m0_decode(tl.load(ws_e + wr * s_wsn + kcol, mask=wr < N_W, other=0).to(tl.int32))  # rows past the expert: zeros
-    ab = (a.to(tl.float32) * sa[:, None]).to(UP_DTYPE)
-    wb = (w.to(tl.float32) * sw[:, None]).to(UP_DTYPE)
-    return tl.dot(ab, wb.T, acc)
+    if MX:
+        wr = wrow + tl.arange(0, ROWS)
+        sw = e8m0_decode(tl.load(ws_e + wr * s_wsn + kcol, mask=wr < N_W, other=0).to(tl.int32))
+    else:
+        sw = tl.load(ws_e + (wrow // SUB_K) * s_wsn + kcol)
+    return moe_mma(acc, a, w.T, sa, sw, not MX, MX, UP_DTYPE)
 
 
 @triton.jit
@@ -90,16 +85,12 @@ def _sorted_gemm_kernel(
     for kb in range(tl.cdiv(K, SUB_K)):  # one scale column of each side per step
         k0 = kb * SUB_K
         a = a_desc.load([r0, k0])  # [BM, SUB_K]; K past the end arrives as zeros
+        sa = tl.load(as_ptr + rows * s_asm + kb)
         if MX:
-            sa = e8m0_decode(tl.load(as_ptr + rows * s_asm + kb).to(tl.int32))
-            acc = _upcast_dot(acc, a, sa, w_desc, e, wrow, k0, ws_e, s_wsn, kb, N_W, W_ROWS, SUB_K, UP_DTYPE)
-            if GATED and not PAIRED:
-                acc_u = _upcast_dot(acc_u, a, sa, w_desc, e, up_off + n0, k0, ws_e, s_wsn, kb, N_W, BLOCK_N, SUB_K, UP_DTYPE)
-        else:
-            sa = tl.load(as_ptr + rows * s_asm + kb)
-            acc = _promoted(acc, a, w_desc, e, wrow, k0, sa, ws_e, s_wsn, kb, W_ROWS, SUB_K)
-            if GATED and not PAIRED:
-                acc_u = _promoted(acc_u, a, w_desc, e, up_off + n0, k0, sa, ws_e, s_wsn, kb, BLOCK_N, SUB_K)
+            sa = e8m0_decode(sa.to(tl.int32))
+        acc = _weight_step(acc, a, sa, w_desc, e, wrow, k0, ws_e, s_wsn, kb, N_W, W_ROWS, SUB_K, MX, UP_DTYPE)
+        if GATED and not PAIRED:
+            acc_u = _weight_step(acc_u, a, sa, w_desc, e, up_off + n0, k0, ws_e, s_wsn, kb, N_W, BLOCK_N, SUB_K, MX, UP_DTYPE)
     cols = n0 + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     bias_e = bias_ptr + e.to(tl.int64) * s_be

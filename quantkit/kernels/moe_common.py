@@ -1,6 +1,7 @@
 """Triton helpers shared by both fused-MoE kernels (:mod:`.fused_moe`, gathered rows, and
-:mod:`.fused_moe_sorted`, expert-sorted rows): bias and the activation epilogue
-with every torch op's x.dtype rounding reproduced (:func:`.triton_numerics.bf16_round`)."""
+:mod:`.fused_moe_sorted`, expert-sorted rows): the scaled product step, the bias and the
+activation epilogue with every torch op's x.dtype rounding reproduced
+(:func:`.triton_numerics.bf16_round`)."""
 
 from __future__ import annotations
 
@@ -31,3 +32,20 @@ def add_bias(acc, bias_ptr, rows, col_ok, HAS_BIAS: tl.constexpr):
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rows, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     return acc
+
+
+@triton.jit
+def moe_mma(acc, a, w, sa, sw, W_UNIFORM: tl.constexpr, UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr):
+    """acc += (a * sa) @ (w * sw), a [BM, K] with row scales, w [K, BN] with one scale (W_UNIFORM) or
+    one per column: promoted fp8 dot, or exact upcast operands (power-of-two scales)."""
+    if UPCAST:
+        ab = (a.to(tl.float32) * sa[:, None]).to(UP_DTYPE)
+        if W_UNIFORM:
+            wb = (w.to(tl.float32) * sw).to(UP_DTYPE)
+        else:
+            wb = (w.to(tl.float32) * sw[None, :]).to(UP_DTYPE)
+        return tl.dot(ab, wb, acc)
+    d = tl.dot(a, w)
+    if W_UNIFORM:
+        return acc + d * (sa * sw)[:, None]
+    return acc + d * (sa[:, None] * sw[None, :])

@@ -95,6 +95,44 @@ def build_experts(torch, qfmt: str, e: int, n: int, k: int, bias: bool, dev):
     return w, dense
 
 
+@dataclass
+class Experts:
+    """One model's random experts (:func:`build_experts`: gate/up and down, quantized and bf16)
+    and the generator and correction bias its token batches are drawn with (:func:`tokens`)."""
+
+    m: Model
+    spec: object  # MoeSpec
+    w13: object
+    w2: object
+    d13: object
+    d2: object
+    gen: object
+    corr: object
+
+
+def model_experts(torch, qfmt: str, m: Model, dev) -> Experts:
+    """The experts and token stream every MoE script uses: weights from the global RNG, then a
+    generator seeded 0 for the correction bias (grouped-sigmoid routing) and the batches."""
+    from quantkit.kernels.fused_moe_ref import MoeSpec
+
+    gpt = m.activation == "gpt-oss"
+    w13, d13 = build_experts(torch, qfmt, m.e, 2 * m.inter, m.h, gpt, dev)
+    w2, d2 = build_experts(torch, qfmt, m.e, m.h, m.inter, gpt, dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    corr = torch.randn(m.e, device=dev, generator=gen) * 0.1 if m.rule == "grouped_sigmoid" else None
+    return Experts(m, MoeSpec(m.activation, interleaved=gpt), w13, w2, d13, d2, gen, corr)
+
+
+def tokens(torch, ex: Experts, t: int, dev):
+    """The next batch: x bf16 [T, H] and its routing (weights [T, k], ids [T, k]) by the model's rule."""
+    from quantkit.kernels.moe_routing import route
+
+    m = ex.m
+    x = torch.randn(t, m.h, device=dev, generator=ex.gen).to(torch.bfloat16)
+    wts, ids = route(torch.randn(t, m.e, device=dev, generator=ex.gen), m.rule, m.top_k, correction_bias=ex.corr, **dict(m.route_kw))
+    return x, wts, ids
+
+
 def loop_baseline(torch, x, wts, ids, d13, d2, b13, b2, spec):
     """Per-expert loop of bf16 matmuls (transformers-style; host sync per expert)."""
     from quantkit.kernels.fused_moe_ref import activation
@@ -133,22 +171,17 @@ def bench_model(b: Bench, m: Model, qfmt: str, ts: tuple, check_ts: tuple, sweep
     """Check and time one (model, format); returns the config sweep to run later (or None)."""
     torch = b.torch
     from quantkit.kernels.fused_moe import MoeConfig, fused_moe
-    from quantkit.kernels.fused_moe_ref import MoeSpec, fused_moe_ref
-    from quantkit.kernels.moe_routing import route
+    from quantkit.kernels.fused_moe_ref import fused_moe_ref
 
-    dev, gpt = b.device, m.activation == "gpt-oss"
-    spec = MoeSpec(m.activation, interleaved=gpt)
-    w13, d13 = build_experts(torch, qfmt, m.e, 2 * m.inter, m.h, gpt, dev)
-    w2, d2 = build_experts(torch, qfmt, m.e, m.h, m.inter, gpt, dev)
-    gen = torch.Generator(device=dev).manual_seed(0)
-    corr = torch.randn(m.e, device=dev, generator=gen) * 0.1 if m.rule == "grouped_sigmoid" else None
+    dev = b.device
+    ex = model_experts(torch, qfmt, m, dev)
+    spec, w13, w2, d13, d2 = ex.spec, ex.w13, ex.w2, ex.d13, ex.d2
     refs: dict[int, object] = {}
     for t in ts:
         if b.out_of_time():
             b.skipped.append(f"{m.name} {qfmt} T={t}")
             continue
-        x = torch.randn(t, m.h, device=dev, generator=gen).to(torch.bfloat16)
-        wts, ids = route(torch.randn(t, m.e, device=dev, generator=gen), m.rule, m.top_k, correction_bias=corr, **dict(m.route_kw))
+        x, wts, ids = tokens(torch, ex, t, dev)
         case, mnk = f"{m.name} {qfmt}", (t, m.h, m.inter)
         flops = 2.0 * t * m.top_k * 3 * m.h * m.inter
         nbytes = hit_bytes(torch, ids, w13, w2) + 4.0 * t * m.h

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_moe import MODELS, build_experts  # noqa: E402  (same experts as the benchmark)
+from bench_moe import MODELS, model_experts, tokens  # noqa: E402  (same experts and batches as the benchmark)
 
 VARIANTS = ({}, {"num_stages": 2}, {"num_stages": 3}, {"num_stages": 6}, {"split_k": 1}, {"num_warps": 2}, {"num_warps": 8},
             {"block_n1": 32, "block_n2": 32}, {"block_n1": 128, "block_n2": 128}, {"fuse_quant": None}, {"waves": 4}, {"waves": 16})  # fmt: skip
@@ -56,21 +56,14 @@ def dense_us(torch, flush, n: int, k: int, t: int) -> float:
     return sum(us for _, us in launches(torch, lambda: dispatch.call("gemm_fp8_block", a, sa, w, ws, backend="triton"), flush))
 
 
-def profile_model(torch, name: str, tokens: list[int], flush) -> None:
+def profile_model(torch, name: str, token_counts: list[int], flush) -> None:
     from quantkit.kernels.fused_moe import MoeConfig, fused_moe, pick_moe_config
-    from quantkit.kernels.fused_moe_ref import MoeSpec
-    from quantkit.kernels.moe_routing import route
 
     m, dev = MODELS[name], torch.device("cuda")
-    gpt = m.activation == "gpt-oss"
-    spec = MoeSpec(m.activation, interleaved=gpt)
-    w13, _ = build_experts(torch, "fp8-block", m.e, 2 * m.inter, m.h, gpt, dev)
-    w2, _ = build_experts(torch, "fp8-block", m.e, m.h, m.inter, gpt, dev)
-    gen = torch.Generator(device=dev).manual_seed(0)
-    corr = torch.randn(m.e, device=dev, generator=gen) * 0.1 if m.rule == "grouped_sigmoid" else None
-    for t in tokens:
-        x = torch.randn(t, m.h, device=dev, generator=gen).to(torch.bfloat16)
-        wts, ids = route(torch.randn(t, m.e, device=dev, generator=gen), m.rule, m.top_k, correction_bias=corr, **dict(m.route_kw))
+    ex = model_experts(torch, "fp8-block", m, dev)
+    spec, w13, w2 = ex.spec, ex.w13, ex.w2
+    for t in token_counts:
+        x, wts, ids = tokens(torch, ex, t, dev)
         hit = int(torch.unique(ids).numel())
         b1, b2 = hit * w13.q[0].numel(), hit * w2.q[0].numel()
         base = pick_moe_config(t * m.top_k, m.e, "fp8-block")

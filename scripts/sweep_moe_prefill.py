@@ -50,21 +50,14 @@ def sweep_one(fmt: str, m, t: int, peak: float, out_of_time) -> None:
     """One model and format: the table's config, then each of VARIANTS while there is time."""
     import torch
     import triton
-    from bench_moe import build_experts
+    from bench_moe import model_experts, tokens
 
     from quantkit.kernels.fused_moe import MoeConfig, fused_moe, pick_moe_config
-    from quantkit.kernels.fused_moe_ref import MoeSpec
-    from quantkit.kernels.moe_routing import route
 
     dev = torch.device("cuda")
-    gpt = m.activation == "gpt-oss"
-    spec = MoeSpec(m.activation, interleaved=gpt)
-    w13, _ = build_experts(torch, fmt, m.e, 2 * m.inter, m.h, gpt, dev)
-    w2, _ = build_experts(torch, fmt, m.e, m.h, m.inter, gpt, dev)
-    gen = torch.Generator(device=dev).manual_seed(0)
-    corr = torch.randn(m.e, device=dev, generator=gen) * 0.1 if m.rule == "grouped_sigmoid" else None
-    x = torch.randn(t, m.h, device=dev, generator=gen).to(torch.bfloat16)
-    wts, ids = route(torch.randn(t, m.e, device=dev, generator=gen), m.rule, m.top_k, correction_bias=corr, **dict(m.route_kw))
+    ex = model_experts(torch, fmt, m, dev)
+    spec, w13, w2 = ex.spec, ex.w13, ex.w2
+    x, wts, ids = tokens(torch, ex, t, dev)
     flops = 6 * t * m.top_k * m.inter * m.h
 
     def run(cfg) -> torch.Tensor:

@@ -62,7 +62,7 @@ CPU_MODELS = {  # interpreter smoke run: same rules and layouts, tiny dims (K = 
     "gpt-oss-120b": Model("gpt-oss-120b", 8, 160, 96, 4, "topk_softmax", "gpt-oss"),
     "deepseek-v3": Model("deepseek-v3", 16, 256, 128, 8, "grouped_sigmoid", "silu", MODELS["deepseek-v3"].route_kw),
 }
-DECODE_T, PREFILL_T, CHECK_T = (1, 4, 16, 64, 128), (8192,), (1, 4, 16, 128, 8192)
+DECODE_T, PREFILL_T, CHECK_T = (1, 4, 16, 64, 128), (8192,), (1, 4, 16, 64, 128, 8192)
 CPU_T, CPU_CHECK_T = (1, 9), (1, 9)
 CPU_SWEEP = ((9, ((16, 32, 32, 4, 4, True),)),)
 GOALS = {"decode_hbm": 0.60, "prefill_fp8_peak": 0.50, "vs_loop": 3.0}

@@ -67,7 +67,7 @@ class MoeConfig:
     upcast: bool = False  # MX experts only: exact bf16 operands, one bf16 dot per 32 columns
     fuse_quant: bool = False  # each GEMM program quantizes its own activation rows (no quant launches)
     split_k: int = 0  # K splits per tile: 0 = enough programs for ``waves`` per SM (few tokens only), 1 = none
-    waves: int = 8
+    waves: int = 1
     sorted_rows: bool = False  # rows put in expert order once, dense TMA tiles (:mod:`.fused_moe_sorted`; MX: with upcast)
 
     def name(self) -> str:
@@ -83,7 +83,9 @@ class MoeConfig:
 # flushed): quantizing x and the intermediate in two launches beat ``fuse_quant`` (each program
 # re-quantizing its rows) at every T, 4-14% of the MoE time, and 128-column GEMM-2 tiles cut
 # GEMM 2 by 4-26% (graph-timed MoE: GPT-OSS-120B T = 1 0.0652 ms against 0.0723 for the
-# fused-quantization 16x64/64 config).  Split-K (auto for few pairs) gains little at T = 1.
+# fused-quantization 16x64/64 config).  Split-K (auto) only until the busy programs give every SM
+# one (``waves`` 1): the former 8 per SM was 1.13x / 1.06x slower on GPT-OSS-120B and 1.12x / 1.03x
+# on DeepSeek-V3 at T = 1 / 4 (sixth pass, graph-timed; no split at all: within 1-8%).
 MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
     (0.5, MoeConfig(16, 64, 128, num_warps=4, num_stages=4)),
     (8, MoeConfig(16, 64, 64, num_warps=4, num_stages=4)),  # GPT-OSS-120B T=128: 0.871 ms vs 1.019 (16x32/32)

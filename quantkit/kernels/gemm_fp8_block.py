@@ -37,9 +37,11 @@ ConfigTable = tuple[tuple[int, KernelConfig], ...]
 # (largest M, config).  Measured on the H200 (docs/benchmarks.md): M <= 64 is weight-bandwidth
 # bound: the small-M kernel.  From M = 513 on, 128x128 tiles on two warpgroups with 4 TMA stages:
 # at M = 1024-8192 6-46% faster than 3 stages and 2-24% faster than the best 64x128 one-warpgroup config
-# (fourth pass); 128x256 spills.
+# (fourth pass); 128x256 spills.  Small M: 2 split-K programs per SM (sixth pass, all 14 served
+# shapes at M = 1 / 16 / 64, CUDA graphs): geomean 1.07-1.08x the former 4 (which the >= 30 MB
+# weights had already dropped), at worst 0.97x; 1 or 3 per SM and 6 stages were slower.
 FP8_BLOCK_CONFIGS: ConfigTable = (
-    (64, SkinnyConfig(block_n=64, waves=4, large_waves=2, num_warps=4, num_stages=4)),
+    (64, SkinnyConfig(block_n=64, waves=2, num_warps=4, num_stages=4)),
     (512, Config(64, 128, group=8, num_warps=4, num_stages=4)),  # not re-timed: 128x128 is measured from M = 1024
     (INT32_LIMIT, Config(128, 128, group=8, tma=True, num_warps=8, num_stages=4)),
 )

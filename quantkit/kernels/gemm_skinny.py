@@ -35,14 +35,13 @@ from .triton_numerics import e8m0_decode
 @dataclass(frozen=True)
 class SkinnyConfig:
     """One small-M launch.  ``block_m`` 0: the next power of two >= M (16..128 with ``dot``);
-    ``split_k`` 0: from ``waves`` programs per SM (``large_waves`` for large weights); ``chunk``: K columns per sub-step (at most the
+    ``split_k`` 0: from ``waves`` programs per SM; ``chunk``: K columns per sub-step (at most the
     scale granularity; smaller keeps the CUDA-core path's [BLOCK_N, BLOCK_M, chunk] product in registers)."""
 
     block_n: int = 64
     block_m: int = 0
     split_k: int = 0
     waves: int = 4
-    large_waves: int = 0  # programs per SM for weights of LARGE_WEIGHT_BYTES or more (0: ``waves``)
     min_kb: int = 2  # K-blocks (of 128) per split at least
     dot: bool = True
     chunk: int = 128
@@ -51,7 +50,7 @@ class SkinnyConfig:
 
     def name(self) -> str:
         core = "tc" if self.dot else "cc"  # tensor-core dot / CUDA-core reduction
-        split = f"s{self.split_k}" if self.split_k else f"waves{self.waves}" + (f"/{self.large_waves}" if self.large_waves else "") + (f"kb{self.min_kb}" if self.min_kb != 2 else "")
+        split = f"s{self.split_k}" if self.split_k else f"waves{self.waves}" + (f"kb{self.min_kb}" if self.min_kb != 2 else "")
         return f"skinny {self.block_n}x{self.block_m or 'M'}/{core}/{split}/c{self.chunk}/w{self.num_warps}/st{self.num_stages}"
 
 
@@ -150,21 +149,14 @@ def block_m_for(m: int, cfg: SkinnyConfig) -> int:
     return max(bm, 16) if cfg.dot else bm
 
 
-# Weights of at least this many bytes take ``large_waves``: on the H200 at M = 1 / 16, 2 programs
-# per SM instead of 4 were 4-29% faster on all three >= 30 MB FP8-block shapes swept (DeepSeek-V3
-# o 117 MB, q_b 38 MB, Qwen3-235B qkv 38 MB); smaller weights were not swept.
-LARGE_WEIGHT_BYTES = 30 * 2**20
-
-
-def skinny_split(cfg: SkinnyConfig, tiles: int, k: int, block_m: int, sms: int, weight_bytes: int = 0) -> tuple[int, int]:
-    """(splits, K-blocks per split): ``waves`` programs per SM (``large_waves`` for a weight of
-    LARGE_WEIGHT_BYTES or more), >= ``min_kb`` K-blocks per split, and partial sums (splits x
-    BLOCK_M x N float32, written and read) no larger than the weight (N x K bytes)."""
+def skinny_split(cfg: SkinnyConfig, tiles: int, k: int, block_m: int, sms: int) -> tuple[int, int]:
+    """(splits, K-blocks per split): ``waves`` programs per SM, >= ``min_kb`` K-blocks per split,
+    and partial sums (splits x BLOCK_M x N float32, written and read) no larger than the weight
+    (N x K bytes)."""
     n_kb = cdiv(k, BLOCK_K)
     if cfg.split_k:
         return split_plan(cfg.split_k, n_kb)
-    waves = cfg.large_waves if cfg.large_waves and weight_bytes >= LARGE_WEIGHT_BYTES else cfg.waves
-    want = min(cdiv(waves * sms, tiles), max(1, k // (8 * block_m)), max(1, n_kb // cfg.min_kb))
+    want = min(cdiv(cfg.waves * sms, tiles), max(1, k // (8 * block_m)), max(1, n_kb // cfg.min_kb))
     return split_plan(want, n_kb)
 
 
@@ -184,7 +176,7 @@ def skinny_mm(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtyp
         return out
     ws = workspace or WORKSPACE
     n_tiles, m_tiles = cdiv(n, cfg.block_n), cdiv(m, bm)
-    split, per = skinny_split(cfg, n_tiles * m_tiles, k, bm, ws.sm_count(out.device), w.q.numel() * w.q.element_size())
+    split, per = skinny_split(cfg, n_tiles * m_tiles, k, bm, ws.sm_count(out.device))
     tiles = n_tiles * m_tiles
     part, count = (ws.partials(split * tiles * cfg.block_n * bm, out.device), ws.counters(tiles, out.device)) if split > 1 else (out, out)
     _skinny_kernel[(n_tiles, split, m_tiles)](

@@ -345,14 +345,11 @@ def test_gpu_cuda_graph_replays_match_eager(gen, m, cfg):
         assert not ws.counters(1, a.device).any()
 
 
-def test_small_m_takes_fewer_split_k_programs_for_large_weights():
-    """``large_waves`` applies from LARGE_WEIGHT_BYTES up (the FP8-block table sets it; MXFP8's does not)."""
-    from quantkit.kernels.gemm_mxfp8 import MXFP8_CONFIGS
-    from quantkit.kernels.gemm_skinny import LARGE_WEIGHT_BYTES, SkinnyConfig, skinny_split
+def test_small_m_table_takes_two_split_k_programs_per_sm():
+    """The FP8-block table's small-M rows split K for 2 programs per SM (measured best on the H200)."""
+    from quantkit.kernels.gemm_skinny import SkinnyConfig, skinny_split
 
     cfg = FP8_BLOCK_CONFIGS[0][1]
-    assert isinstance(cfg, SkinnyConfig) and cfg.large_waves == 2 < cfg.waves
-    assert not MXFP8_CONFIGS[0][1].large_waves
-    k, tiles, sms = 16384, 112, 132  # DeepSeek-V3 o at M = 1: 7168 / 64 tiles
-    small, large = (skinny_split(cfg, tiles, k, 16, sms, nbytes)[0] for nbytes in (LARGE_WEIGHT_BYTES - 1, LARGE_WEIGHT_BYTES))
-    assert small == skinny_split(cfg, tiles, k, 16, sms)[0] and large < small
+    assert isinstance(cfg, SkinnyConfig) and cfg.waves == 2
+    # DeepSeek-V3 o at M = 1: 7168 / 64 = 112 tiles; 2 x 132 programs wanted -> 3 splits of 43 K-blocks
+    assert skinny_split(cfg, tiles=112, k=16384, block_m=16, sms=132) == (3, 43)

@@ -11,6 +11,9 @@ or 1x32 E8M0), laid out for M <= 64 where the weight read is the whole cost:
   FP8-block, per 32 for MXFP8), as the tiled kernel does.
 * ``dot``: the product on the tensor core (fp8 dot, BLOCK_M >= 16); without it the tile is upcast
   to float32 and reduced with ``tl.sum`` (CUDA cores, meant for M <= 8).
+* ``upcast`` (power-of-two scales: MXFP8, or 128x128 weights requantized from it): both tiles are
+  multiplied by their scales in bf16, which is exact (:mod:`.gemm_mxfp8`), and one bf16 dot covers
+  128 columns instead of four promoted 32-column ones.
 * split-K sized from the SM count (``waves`` programs per SM), capped so the float32 partial sums
   move at most as many bytes as the weight; full 128-blocks run unmasked, the partial last one
   masked.  The reduction is deterministic: the last program of a tile sums the partials in
@@ -28,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemm_block_scaled import BLOCK_K, WORKSPACE, Side, Workspace, cdiv, check_side, side_scale, split_plan, split_reduce
+from .gemm_block_scaled import BLOCK_K, WORKSPACE, Side, Workspace, cdiv, check_side, side_scale, split_plan, split_reduce, upcast_dtype
 from .triton_numerics import e8m0_decode
 
 
@@ -44,23 +47,66 @@ class SkinnyConfig:
     waves: int = 4
     min_kb: int = 2  # K-blocks (of 128) per split at least
     dot: bool = True
+    upcast: bool = False  # power-of-two scales only (MX, 128x128 pow2): operands times their scales in bf16 (exact), one dot per 128 columns
     chunk: int = 128
     num_warps: int = 4
     num_stages: int = 4
 
     def name(self) -> str:
-        core = "tc" if self.dot else "cc"  # tensor-core dot / CUDA-core reduction
+        core = ("tc+up" if self.upcast else "tc") if self.dot else "cc"  # tensor-core dot (bf16 on upcast operands) / CUDA-core reduction
         split = f"s{self.split_k}" if self.split_k else f"waves{self.waves}" + (f"kb{self.min_kb}" if self.min_kb != 2 else "")
         return f"skinny {self.block_n}x{self.block_m or 'M'}/{core}/{split}/c{self.chunk}/w{self.num_warps}/st{self.num_stages}"
+
+
+@triton.jit
+def _upcast_tile(x, s_ptr, rows, row0, kb, n_kcols, stride_r, stride_k, RPS: tl.constexpr, KPS: tl.constexpr, E8M0: tl.constexpr,
+                 R: tl.constexpr, BLOCK_K: tl.constexpr, UP_DTYPE: tl.constexpr):  # fmt: skip
+    """E4M3 [R, BLOCK_K] times its power-of-two scales (KPS columns each), in UP_DTYPE: exact
+    (see :mod:`.gemm_mxfp8`), so one dot over BLOCK_K needs no promotion."""
+    G: tl.constexpr = BLOCK_K // KPS
+    xf = x.to(tl.float32)
+    cols = kb * G + tl.arange(0, G)
+    if RPS % R == 0:  # one scale row for the tile: [G]
+        s = tl.load(s_ptr + (row0 // RPS) * stride_r + cols * stride_k, mask=cols < n_kcols, other=0)
+    else:  # [R, G]
+        s = tl.load(s_ptr + (rows // RPS)[:, None] * stride_r + cols[None, :] * stride_k, mask=(cols < n_kcols)[None, :], other=0)
+    if E8M0:
+        s = e8m0_decode(s.to(tl.int32))
+    if G == 1:
+        if RPS % R == 0:
+            xf = xf * tl.sum(s, axis=0)
+        else:
+            xf = xf * s  # [R, 1]
+    else:
+        if RPS % R == 0:
+            xf = (tl.reshape(xf, (R, G, KPS)) * s[None, :, None]).reshape(R, BLOCK_K)
+        else:
+            xf = (tl.reshape(xf, (R, G, KPS)) * s[:, :, None]).reshape(R, BLOCK_K)
+    return xf.to(UP_DTYPE)
 
 
 @triton.jit
 def _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, n0, kb, K, WS_COLS, AS_COLS,
                  swn, swsn, swsk, sam, sasm, sask,
                  W_RPS: tl.constexpr, W_KPS: tl.constexpr, W_E8M0: tl.constexpr, A_KPS: tl.constexpr, A_E8M0: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, DOT: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
-    """One BLOCK_K step: BLOCK_K // SUB_K sub-blocks, each product promoted with both scales."""
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, DOT: tl.constexpr, MASKED: tl.constexpr,
+                 UPCAST: tl.constexpr = False, UP_DTYPE: tl.constexpr = tl.bfloat16, BLOCK_M: tl.constexpr = 16):  # fmt: skip
+    """One BLOCK_K step: BLOCK_K // SUB_K sub-blocks, each product promoted with both scales; with
+    UPCAST one dot over BLOCK_K on operands already multiplied by their scales."""
     W_UNIFORM: tl.constexpr = W_RPS % BLOCK_N == 0
+    if UPCAST:
+        k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        w_ptrs = w_ptr + rows_w[:, None] * swn + k[None, :]  # [BN, BLOCK_K]
+        a_ptrs = a_ptr + rows_a[:, None] * sam + k[None, :]  # [BM, BLOCK_K]
+        if MASKED:
+            w = tl.load(w_ptrs, mask=(k < K)[None, :], other=0.0)
+            a = tl.load(a_ptrs, mask=(k < K)[None, :], other=0.0)
+        else:
+            w = tl.load(w_ptrs)
+            a = tl.load(a_ptrs)
+        wb = _upcast_tile(w, ws_ptr, rows_w, n0, kb, WS_COLS, swsn, swsk, W_RPS, W_KPS, W_E8M0, BLOCK_N, BLOCK_K, UP_DTYPE)
+        ab = _upcast_tile(a, as_ptr, rows_a, 0, kb, AS_COLS, sasm, sask, 1, A_KPS, A_E8M0, BLOCK_M, BLOCK_K, UP_DTYPE)
+        return tl.dot(wb, ab.T, acc)
     offs_s = tl.arange(0, SUB_K)
     for j in tl.static_range(BLOCK_K // SUB_K):
         k = kb * BLOCK_K + j * SUB_K + offs_s
@@ -103,6 +149,7 @@ def _skinny_kernel(
     W_RPS: tl.constexpr, W_KPS: tl.constexpr, W_E8M0: tl.constexpr, A_KPS: tl.constexpr, A_E8M0: tl.constexpr,
     HAS_BIAS: tl.constexpr, DOT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, HAS_SPLIT: tl.constexpr, STAGES: tl.constexpr,
+    UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr,
 ):  # fmt: skip
     """out[M, N] (row stride scm) = A[M, K] @ W[N, K].T per the module docstring; grid (n tiles, splits, m tiles)."""
     pid_n = tl.program_id(0)
@@ -120,11 +167,11 @@ def _skinny_kernel(
     for kb in tl.range(kb_lo, tl.minimum(kb_hi, n_full), num_stages=STAGES):
         acc = _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, n0, kb, K, WS_COLS, AS_COLS,
                            swn, swsn, swsk, sam, sasm, sask, W_RPS, W_KPS, W_E8M0, A_KPS, A_E8M0,
-                           BLOCK_N, BLOCK_K, SUB_K, DOT, False)  # fmt: skip
+                           BLOCK_N, BLOCK_K, SUB_K, DOT, False, UPCAST, UP_DTYPE, BLOCK_M)  # fmt: skip
     if (kb_hi > n_full) & (kb_lo <= n_full):  # this split holds the partial last block
         acc = _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, n0, n_full, K, WS_COLS, AS_COLS,
                            swn, swsn, swsk, sam, sasm, sask, W_RPS, W_KPS, W_E8M0, A_KPS, A_E8M0,
-                           BLOCK_N, BLOCK_K, SUB_K, DOT, True)  # fmt: skip
+                           BLOCK_N, BLOCK_K, SUB_K, DOT, True, UPCAST, UP_DTYPE, BLOCK_M)  # fmt: skip
     if HAS_SPLIT:
         tile = pid_m * tl.num_programs(0) + pid_n
         n_tiles = tl.num_programs(0) * tl.num_programs(2)
@@ -170,6 +217,7 @@ def skinny_mm(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtyp
     assert w.rps == 1 or w.rps % cfg.block_n == 0, f"{cfg.name()}: BLOCK_N must divide the weight's {w.rps}-row scale tiles"
     assert bias is None or tuple(bias.shape) == (n,), f"bias must be [{n}], got {None if bias is None else tuple(bias.shape)}"
     bm = block_m_for(m, cfg)
+    assert not cfg.upcast or (cfg.dot and all(t.pow2 or t.s.dtype == torch.uint8 for t in (a, w))), f"{cfg.name()}: upcast needs the dot and power-of-two scales"
     assert not cfg.dot or bm >= 16, f"{cfg.name()}: the tensor-core dot needs BLOCK_M >= 16"
     out = torch.empty((m, n), dtype=out_dtype, device=a.q.device)  # [M, N]
     if m == 0 or n == 0:
@@ -186,6 +234,7 @@ def skinny_mm(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtyp
         W_RPS=w.rps, W_KPS=w.kps, W_E8M0=w.s.dtype == torch.uint8, A_KPS=a.kps, A_E8M0=a.s.dtype == torch.uint8,
         HAS_BIAS=bias is not None, DOT=cfg.dot, BLOCK_N=cfg.block_n, BLOCK_M=bm,
         BLOCK_K=BLOCK_K, SUB_K=min(w.kps, a.kps, cfg.chunk), HAS_SPLIT=split > 1, STAGES=cfg.num_stages,
+        UPCAST=cfg.upcast, UP_DTYPE=upcast_dtype(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out

@@ -124,6 +124,8 @@ MX_CASES = [
     (1, 200, 288, SkinnyConfig()),  # small-M kernel: per-32 promotion of both per-row scales
     (5, 96, 640, SkinnyConfig(block_n=32, split_k=2)),
     (2, 72, 224, SkinnyConfig(dot=False, chunk=32)),
+    (1, 200, 288, SkinnyConfig(upcast=True)),  # small-M, exact bf16 operands: one dot per 128 columns, masked tail
+    (5, 96, 640, SkinnyConfig(block_n=32, split_k=2, upcast=True)),
 ]
 
 
@@ -135,7 +137,7 @@ def test_mxfp8_gemm_matches_reference(triton_device, gen, m, n, k, cfg):
     assert_gemm_close(out, ref, f"mxfp8 {m}x{n}x{k} {cfg.name()}", 1e-5)
 
 
-@pytest.mark.parametrize("cfg", [Config(16, 64, swap_ab=True, split_k=2), Config(16, 32, upcast=True), SkinnyConfig(block_n=64)], ids=lambda c: c.name())
+@pytest.mark.parametrize("cfg", [Config(16, 64, swap_ab=True, split_k=2), Config(16, 32, upcast=True), SkinnyConfig(block_n=64), SkinnyConfig(block_n=64, upcast=True)], ids=lambda c: c.name())
 def test_mxfp8_w128_path_computes_the_mx_function(triton_device, gen, cfg):
     a, sa, q, sw, b = mx_case(3, 200, 288, gen, True, triton_device, pow2_weight=True)
     q128, s128 = requant_weight_128(q, sw)
@@ -182,6 +184,8 @@ def test_launcher_asserts_layouts(triton_device, gen):
         triton_call("gemm_fp8_block", a, sa, q.t().contiguous().t(), sw)
     with pytest.raises(AssertionError, match="power-of-two"):  # float 1x128 scales are not
         triton_call("gemm_fp8_block", a, sa, q, sw, config=Config(16, 32, upcast=True))
+    with pytest.raises(AssertionError, match="power-of-two"):
+        triton_call("gemm_fp8_block", a, sa, q, sw, config=SkinnyConfig(upcast=True))
     a, sa, q, sw, _ = fp8_block_case(2, 64, 200, gen, False, triton_device)
     with pytest.raises(AssertionError, match="16-byte aligned"):  # K = 200 bytes per row
         triton_call("gemm_fp8_block", a, sa, q, sw, config=Config(16, 32, tma=True))

@@ -3,7 +3,7 @@ experts (bench_moe's random weights and routing), the table's config and each va
 triton.testing.do_bench (L2 cleared before every call), each variant's output compared with the
 table config's (same maths: the relative error is 0 unless the summation order changes).
 
-    python scripts/sweep_moe_prefill.py --formats fp8-block mxfp8 --budget-s 200
+    python scripts/sweep_moe_prefill.py --formats fp8-block mxfp8 --budget-s 200 [--sorted-only] [--mx-steps 64 128]
 
 Prints one line per config: ms, TFLOPS (6 T top_k I H), the share of the H200's 1979 dense FP8 TFLOPS.
 """
@@ -34,6 +34,8 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--budget-s", type=float, default=200.0, help="no new config starts after this")
     p.add_argument("--peak-tflops", type=float, default=1979.0)
+    p.add_argument("--sorted-only", action="store_true", help="only the expert-sorted-row variants")
+    p.add_argument("--mx-steps", type=int, nargs="*", default=[], help="MXFP8 sorted rows: also time each variant with these K steps (64, 128)")
     args = p.parse_args()
 
     import torch
@@ -42,11 +44,11 @@ def main() -> None:
     t0 = time.time()
     for fmt in args.formats:
         for name in args.models:
-            sweep_one(fmt, MODELS[name], args.tokens, args.peak_tflops, lambda: time.time() - t0 > args.budget_s)
+            sweep_one(fmt, MODELS[name], args.tokens, args.peak_tflops, lambda: time.time() - t0 > args.budget_s, args.sorted_only, tuple(args.mx_steps))
             torch.cuda.empty_cache()
 
 
-def sweep_one(fmt: str, m, t: int, peak: float, out_of_time) -> None:
+def sweep_one(fmt: str, m, t: int, peak: float, out_of_time, sorted_only: bool = False, mx_steps: tuple = ()) -> None:
     """One model and format: the table's config, then each of VARIANTS while there is time."""
     import torch
     import triton
@@ -66,16 +68,20 @@ def sweep_one(fmt: str, m, t: int, peak: float, out_of_time) -> None:
     def timed(cfg) -> float:
         return triton.testing.do_bench(lambda: run(cfg), warmup=25, rep=200)
 
-    base = pick_moe_config(t * m.top_k, m.e, fmt)
+    base = pick_moe_config(t * m.top_k, m.e, fmt, spec.interleaved)
     ref = run(base).float()
     tb = timed(base)
     print(f"== {fmt} {m.name} T={t}: table {base.name()} {tb:.3f} ms {flops / tb / 1e9:.0f} TFLOPS ({flops / tb / 1e9 / peak:.0%} of peak)", flush=True)
-    for v in VARIANTS:
+    steps = (32, *mx_steps) if fmt == "mxfp8" else (32,)
+    for v, step in ((v, step) for v in VARIANTS for step in steps):
         if out_of_time():
             print("   budget spent", flush=True)
             return
         sorted_rows = len(v) > 6 and v[6]
-        cfg = MoeConfig(*v[:3], num_warps=v[3], num_stages=v[4], group_m=v[5] if len(v) > 5 else 8, upcast=base.upcast and v[0] >= 64, sorted_rows=sorted_rows)
+        if (sorted_only and not sorted_rows) or (step != 32 and not sorted_rows):
+            continue
+        cfg = MoeConfig(*v[:3], num_warps=v[3], num_stages=v[4], group_m=v[5] if len(v) > 5 else 8, upcast=base.upcast and v[0] >= 64,
+                        sorted_rows=sorted_rows, mx_step=step)  # fmt: skip
         try:
             err = ((run(cfg).float() - ref).norm() / ref.norm()).item()
             tv = timed(cfg)

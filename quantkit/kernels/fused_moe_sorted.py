@@ -21,9 +21,10 @@ grouped layout; vLLM's ``moe_permute`` + grouped GEMM):
 The products are those of the gathered-row kernel: FP8-block walks K in 128-column steps with
 DeepSeek's per-128 promotion (fp8 dot times both scales into a float32 accumulator), which
 needs one weight scale per tile: BLOCK_N divides 128 (2 x BLOCK_N for interleaved gate/up) and,
-for concatenated gate/up, I is a multiple of 128.  MXFP8 walks 32-column steps on upcast
-operands (E4M3 times its E8M0 scale, exact in bf16; bf16 dot, float32 accumulation), any
-tile.  :func:`sorted_ok` says which experts qualify.  Blocks past ``num_padded`` return at
+for concatenated gate/up, I is a multiple of 128.  MXFP8 walks 32-, 64- or 128-column steps
+(``mx_step``) on upcast operands (E4M3 times its E8M0 scales, exact in bf16; bf16 dot, float32
+accumulation), any tile; past 32 columns the activation tile is upcast once per step for both
+gate and up dots.  :func:`sorted_ok` says which experts qualify.  Blocks past ``num_padded`` return at
 once: nothing depends on the routing on the host (CUDA-graph safe).
 """
 
@@ -45,24 +46,45 @@ BLOCK_K = 128
 
 
 @triton.jit
-def _weight_step(acc, a, sa, w_desc, e, wrow, k0, ws_e, s_wsn, kcol, N_W, ROWS: tl.constexpr, SUB_K: tl.constexpr,
+def _mx_upcast(x, s_ptr, rows, rows_ok, stride_r, kb, n_cols, R: tl.constexpr, SUB_K: tl.constexpr, UP_DTYPE: tl.constexpr):
+    """E4M3 [R, SUB_K] times its E8M0 scales (one per 32 columns of a row), exact in UP_DTYPE."""
+    G: tl.constexpr = SUB_K // 32
+    cols = kb * G + tl.arange(0, G)
+    s = tl.load(s_ptr + rows[:, None] * stride_r + cols[None, :], mask=rows_ok[:, None] & (cols < n_cols)[None, :], other=0)
+    s = e8m0_decode(s.to(tl.int32))  # [R, G]
+    if G == 1:
+        xs = x.to(tl.float32) * s
+    else:
+        xs = (tl.reshape(x.to(tl.float32), (R, G, 32)) * s[:, :, None]).reshape(R, SUB_K)
+    return xs.to(UP_DTYPE)
+
+
+@triton.jit
+def _weight_step(acc, a, sa, w_desc, e, wrow, k0, ws_e, s_wsn, kcol, N_W, WS_COLS, ROWS: tl.constexpr, SUB_K: tl.constexpr,
                  MX: tl.constexpr, UP_DTYPE: tl.constexpr):  # fmt: skip
-    """acc += (a * sa) @ (w[e, wrow:wrow+ROWS, k0:k0+SUB_K] * its scales).T (:func:`.moe_common.moe_mma`):
-    FP8-block, one scale for the tile (promoted dot); MX, E8M0 per row (upcast operands; rows
-    past the expert read zeros)."""
+    """acc += (a * sa) @ (w[e, wrow:wrow+ROWS, k0:k0+SUB_K] * its scales).T: FP8-block, one scale
+    for the tile (promoted dot, :func:`.moe_common.moe_mma`); MX, E8M0 per row and 32 columns, on
+    upcast operands (32-column steps: moe_mma's; longer ones: ``a`` arrives upcast); rows past the
+    expert read zeros."""
     w = w_desc.load([e, wrow, k0]).reshape(ROWS, SUB_K)
-    if MX:
+    if MX and SUB_K == 32:  # one E8M0 scale per row: the upcast product step of moe_mma
         wr = wrow + tl.arange(0, ROWS)
         sw = e8m0_decode(tl.load(ws_e + wr * s_wsn + kcol, mask=wr < N_W, other=0).to(tl.int32))
+        acc = moe_mma(acc, a, w.T, sa, sw, False, True, UP_DTYPE)
+    elif MX:  # ``a`` already upcast
+        wr = wrow + tl.arange(0, ROWS)
+        wb = _mx_upcast(w, ws_e, wr, wr < N_W, s_wsn, kcol, WS_COLS, ROWS, SUB_K, UP_DTYPE)
+        acc = tl.dot(a, wb.T, acc)
     else:
         sw = tl.load(ws_e + (wrow // SUB_K) * s_wsn + kcol)
-    return moe_mma(acc, a, w.T, sa, sw, not MX, MX, UP_DTYPE)
+        acc = moe_mma(acc, a, w.T, sa, sw, True, False, UP_DTYPE)
+    return acc
 
 
 @triton.jit
 def _sorted_gemm_kernel(
     a_desc, as_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ptr, npad_ptr,
-    n_slots, CAP, N, K, N_W, up_off, alpha, limit, s_asm, s_wse, s_wsn, s_be, s_om,
+    n_slots, CAP, N, K, N_W, up_off, alpha, limit, s_asm, s_wse, s_wsn, s_be, s_om, S_COLS,
     MX: tl.constexpr, SUB_K: tl.constexpr, UP_DTYPE: tl.constexpr, GATED: tl.constexpr, PAIRED: tl.constexpr, W_ROWS: tl.constexpr, ACT: tl.constexpr, ROUND: tl.constexpr, HAS_BIAS: tl.constexpr,
     SCATTER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -82,15 +104,19 @@ def _sorted_gemm_kernel(
     wrow = n0
     if PAIRED:
         wrow = 2 * n0
-    for kb in range(tl.cdiv(K, SUB_K)):  # one scale column of each side per step
+    for kb in range(tl.cdiv(K, SUB_K)):  # FP8-block: one scale column of each side per step; MX: SUB_K // 32
         k0 = kb * SUB_K
         a = a_desc.load([r0, k0])  # [BM, SUB_K]; K past the end arrives as zeros
-        sa = tl.load(as_ptr + rows * s_asm + kb)
-        if MX:
-            sa = e8m0_decode(sa.to(tl.int32))
-        acc = _weight_step(acc, a, sa, w_desc, e, wrow, k0, ws_e, s_wsn, kb, N_W, W_ROWS, SUB_K, MX, UP_DTYPE)
+        if MX and SUB_K > 32:  # several scales per row: upcast once per step, shared by gate and up
+            sa = 0.0
+            a = _mx_upcast(a, as_ptr, rows, rows < CAP, s_asm, kb, S_COLS, BLOCK_M, SUB_K, UP_DTYPE)
+        else:
+            sa = tl.load(as_ptr + rows * s_asm + kb)
+            if MX:
+                sa = e8m0_decode(sa.to(tl.int32))
+        acc = _weight_step(acc, a, sa, w_desc, e, wrow, k0, ws_e, s_wsn, kb, N_W, S_COLS, W_ROWS, SUB_K, MX, UP_DTYPE)
         if GATED and not PAIRED:
-            acc_u = _weight_step(acc_u, a, sa, w_desc, e, up_off + n0, k0, ws_e, s_wsn, kb, N_W, BLOCK_N, SUB_K, MX, UP_DTYPE)
+            acc_u = _weight_step(acc_u, a, sa, w_desc, e, up_off + n0, k0, ws_e, s_wsn, kb, N_W, S_COLS, BLOCK_N, SUB_K, MX, UP_DTYPE)
     cols = n0 + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     bias_e = bias_ptr + e.to(tl.int64) * s_be
@@ -137,16 +163,18 @@ def gather_rows(a: torch.Tensor, sa: torch.Tensor, al: Alignment, n_slots: int, 
 
 
 def sorted_gemm(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: torch.Tensor, al: Alignment, n_slots: int,
-                spec: MoeSpec, gated: bool, block_n: int, act: int, num_warps: int, num_stages: int, group_m: int) -> None:  # fmt: skip
+                spec: MoeSpec, gated: bool, block_n: int, act: int, num_warps: int, num_stages: int, group_m: int, mx_step: int = 32) -> None:  # fmt: skip
     """One grouped GEMM over sorted rows: GEMM 1 (gated, writes [cap, I] in sorted order) or
-    GEMM 2 (scatters [cap, H] rows to their slots in ``out`` [T*k, H])."""
+    GEMM 2 (scatters [cap, H] rows to their slots in ``out`` [T*k, H]); MX experts take
+    ``mx_step`` K columns (32, 64 or 128) per step."""
     e, nw, k = w.q.shape
     n_out = nw // 2 if gated else nw
     cap, bm = al.sorted_ids.shape[0], al.block_m
     interleaved = gated and spec.interleaved
     rows = 2 * block_n if interleaved else block_n
     mx = w.fmt == "mxfp8"
-    sub_k = mxfp8.BLOCK if mx else BLOCK_K
+    assert mx_step in (32, 64, 128), f"MX steps of 32, 64 or 128 columns, got {mx_step}"
+    sub_k = mx_step if mx else BLOCK_K
     ws = w.scale.view(torch.uint8) if mx else w.scale
     a_desc = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, sub_k])
     w_desc = TensorDescriptor(w.q, [e, nw, k], list(w.q.stride()), [1, rows, sub_k])
@@ -155,7 +183,7 @@ def sorted_gemm(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: torch.
     _sorted_gemm_kernel[(tiles,)](
         a_desc, sa.view(torch.uint8) if mx else sa, w_desc, ws, bias, out, al.sorted_ids, al.expert_ids, al.num_padded,
         n_slots, cap, n_out, k, nw, n_out if gated and not interleaved else 0, spec.alpha, spec.limit,
-        sa.stride(0), ws.stride(0), ws.stride(1), bias.stride(0), out.stride(0),
+        sa.stride(0), ws.stride(0), ws.stride(1), bias.stride(0), out.stride(0), k // mxfp8.BLOCK,
         MX=mx, SUB_K=sub_k, UP_DTYPE=tl.float32 if interpreted() else tl.bfloat16, GATED=gated, PAIRED=interleaved, W_ROWS=rows, ACT=act, ROUND=out.dtype == torch.bfloat16, HAS_BIAS=w.bias is not None,
         SCATTER=not gated, BLOCK_M=bm, BLOCK_N=block_n, GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip

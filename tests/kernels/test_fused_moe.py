@@ -306,6 +306,9 @@ SORTED_CASES = [
     # MXFP8: 32-column steps on upcast operands, per-row weight scales (tiles past an expert's rows too)
     ("mxfp8", GPT_OSS, 3, 160, 96, 40, 2, 20.0, MoeConfig(16, 64, 64, upcast=True, sorted_rows=True)),
     ("mxfp8", SILU, 3, 160, 96, 9, 2, 1.0, MoeConfig(16, 32, 128, upcast=True, sorted_rows=True)),
+    # 128- and 64-column steps: four (two) E8M0 scales per row folded per step, masked past K's last scale
+    ("mxfp8", GPT_OSS, 3, 160, 96, 40, 2, 20.0, MoeConfig(16, 64, 64, upcast=True, sorted_rows=True, mx_step=128)),
+    ("mxfp8", SILU, 3, 160, 96, 9, 2, 1.0, MoeConfig(16, 32, 128, upcast=True, sorted_rows=True, mx_step=64)),
 ]
 
 
@@ -402,6 +405,8 @@ def test_config_table():
     assert pick_moe_config(4, 128, "fp8-block").block_m == 16  # GPT-OSS decode, T = 1
     assert pick_moe_config(8192 * 4, 128, "fp8-block") == MOE_CONFIGS[-1][1] and MOE_CONFIGS[-1][1].sorted_rows
     assert pick_moe_config(8192 * 4, 128, "mxfp8") == MX_PREFILL_CONFIG and MX_PREFILL_CONFIG.upcast and MX_PREFILL_CONFIG.sorted_rows
+    concat = pick_moe_config(8192 * 8, 256, "mxfp8", interleaved=False)  # DeepSeek-V3 prefill: 64-column MX steps
+    assert concat.mx_step == 64 and MX_PREFILL_CONFIG.mx_step == 32 and concat == MoeConfig(**{**MX_PREFILL_CONFIG.__dict__, "mx_step": 64})
     assert pick_moe_config(160 * 128, 128, "mxfp8") == MoeConfig(**{**MOE_CONFIGS[-2][1].__dict__, "upcast": True})
     assert not pick_moe_config(4, 128, "mxfp8").upcast
 
@@ -467,7 +472,8 @@ def test_gpu_gpt_oss_shapes(gpt_oss_experts, t):
     out = dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS)
     assert_moe_close(out, ref, f"gpt-oss {w13.fmt} T={t}", 1e-2)
     assert torch.equal(out, dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS)), "deterministic"
-    for cfg in [c for _, c in MOE_CONFIGS] + ([MX_PREFILL_CONFIG] if w13.fmt == "mxfp8" else []):
+    mx_prefill = [MX_PREFILL_CONFIG, MoeConfig(**{**MX_PREFILL_CONFIG.__dict__, "mx_step": 64})]  # 64: concatenated gate/up's step
+    for cfg in [c for _, c in MOE_CONFIGS] + (mx_prefill if w13.fmt == "mxfp8" else []):
         cfg = MoeConfig(**{**cfg.__dict__, "upcast": cfg.upcast or (w13.fmt == "mxfp8" and cfg.block_m >= 64)})
         assert_moe_close(run_triton(x, w, ids, w13, w2, GPT_OSS, "cuda", cfg), ref, f"gpt-oss {w13.fmt} T={t} {cfg.name()}", 1e-2)
 

@@ -26,6 +26,7 @@ import triton.language as tl
 from . import dispatch
 from .attention import check_heads, check_window
 from .attention_triton import LOG2E, check_operands, dot_dtype, paged_rows, pow2, softmax_step
+from .gemm_block_scaled import WORKSPACE
 from .triton_numerics import PRIORITY, available, interpreted
 
 MAX_SPLITS = 64
@@ -147,19 +148,13 @@ def _decode_merge_kernel(OP, LSE, SINKS, O, sop_b, sop_h, sop_s, sl_b, sl_h, so_
     tl.store(O + b * so_b + h * so_h + offs_dv, out.to(O.dtype.element_ty), mask=dv_ok)
 
 
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the CPU interpreter: a small grid still exercises several splits
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def num_splits(batch: int, head_groups: int, max_keys: int, block_n: int, device: torch.device,
                programs_per_sm: int = 0, max_splits: int = MAX_SPLITS) -> int:
     """Splits per (sequence, head group: a kv head here, a head block in MLA) from shapes only, at
     least one key block each.  ``programs_per_sm`` > 0: as many splits as keep the programs within
     that many per SM (rounded down: a partial second wave cost more than it gained); 0: at least
     two programs per SM (rounded up; MLA's measured rule)."""
-    sms, groups = _sm_count(device), batch * head_groups
+    sms, groups = WORKSPACE.sm_count(device), batch * head_groups  # cached per device; the interpreter's 8
     want = programs_per_sm * sms // groups if programs_per_sm else triton.cdiv(2 * sms, groups)
     return max(1, min(want, triton.cdiv(max_keys, block_n), max_splits))
 

@@ -106,38 +106,39 @@ def _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, n0, kb, K, W
             a = tl.load(a_ptrs)
         wb = _upcast_tile(w, ws_ptr, rows_w, n0, kb, WS_COLS, swsn, swsk, W_RPS, W_KPS, W_E8M0, BLOCK_N, BLOCK_K, UP_DTYPE)
         ab = _upcast_tile(a, as_ptr, rows_a, 0, kb, AS_COLS, sasm, sask, 1, A_KPS, A_E8M0, BLOCK_M, BLOCK_K, UP_DTYPE)
-        return tl.dot(wb, ab.T, acc)
-    offs_s = tl.arange(0, SUB_K)
-    for j in tl.static_range(BLOCK_K // SUB_K):
-        k = kb * BLOCK_K + j * SUB_K + offs_s
-        w_ptrs = w_ptr + rows_w[:, None] * swn + k[None, :]  # [BN, SUB_K]
-        if DOT:
-            a_ptrs = a_ptr + k[:, None] + rows_a[None, :] * sam  # [SUB_K, BM]
-        else:
-            a_ptrs = a_ptr + rows_a[:, None] * sam + k[None, :]  # [BM, SUB_K]
-        if MASKED:
-            w = tl.load(w_ptrs, mask=(k < K)[None, :], other=0.0)
+        acc = tl.dot(wb, ab.T, acc)
+    else:
+        offs_s = tl.arange(0, SUB_K)
+        for j in tl.static_range(BLOCK_K // SUB_K):
+            k = kb * BLOCK_K + j * SUB_K + offs_s
+            w_ptrs = w_ptr + rows_w[:, None] * swn + k[None, :]  # [BN, SUB_K]
             if DOT:
-                a = tl.load(a_ptrs, mask=(k < K)[:, None], other=0.0)
+                a_ptrs = a_ptr + k[:, None] + rows_a[None, :] * sam  # [SUB_K, BM]
             else:
-                a = tl.load(a_ptrs, mask=(k < K)[None, :], other=0.0)
-        else:
-            w = tl.load(w_ptrs)
-            a = tl.load(a_ptrs)
-        wcol = kb * (BLOCK_K // W_KPS) + (j * SUB_K) // W_KPS
-        acol = kb * (BLOCK_K // A_KPS) + (j * SUB_K) // A_KPS
-        ws = side_scale(ws_ptr, rows_w, n0, wcol, WS_COLS, swsn, swsk, W_RPS, BLOCK_N, W_E8M0)  # scalar or [BN]
-        sa = tl.load(as_ptr + rows_a * sasm + acol * sask, mask=(rows_a * 0 + acol) < AS_COLS, other=0)  # [BM]
-        if A_E8M0:
-            sa = e8m0_decode(sa.to(tl.int32))
-        if DOT:
-            d = tl.dot(w, a)  # [BN, BM], fp8 tensor core
-        else:
-            d = tl.sum(w.to(tl.float32)[:, None, :] * a.to(tl.float32)[None, :, :], axis=2)  # [BN, BM]
-        if W_UNIFORM:
-            acc += d * (sa * ws)[None, :]
-        else:
-            acc += d * (ws[:, None] * sa[None, :])
+                a_ptrs = a_ptr + rows_a[:, None] * sam + k[None, :]  # [BM, SUB_K]
+            if MASKED:
+                w = tl.load(w_ptrs, mask=(k < K)[None, :], other=0.0)
+                if DOT:
+                    a = tl.load(a_ptrs, mask=(k < K)[:, None], other=0.0)
+                else:
+                    a = tl.load(a_ptrs, mask=(k < K)[None, :], other=0.0)
+            else:
+                w = tl.load(w_ptrs)
+                a = tl.load(a_ptrs)
+            wcol = kb * (BLOCK_K // W_KPS) + (j * SUB_K) // W_KPS
+            acol = kb * (BLOCK_K // A_KPS) + (j * SUB_K) // A_KPS
+            ws = side_scale(ws_ptr, rows_w, n0, wcol, WS_COLS, swsn, swsk, W_RPS, BLOCK_N, W_E8M0)  # scalar or [BN]
+            sa = tl.load(as_ptr + rows_a * sasm + acol * sask, mask=(rows_a * 0 + acol) < AS_COLS, other=0)  # [BM]
+            if A_E8M0:
+                sa = e8m0_decode(sa.to(tl.int32))
+            if DOT:
+                d = tl.dot(w, a)  # [BN, BM], fp8 tensor core
+            else:
+                d = tl.sum(w.to(tl.float32)[:, None, :] * a.to(tl.float32)[None, :, :], axis=2)  # [BN, BM]
+            if W_UNIFORM:
+                acc += d * (sa * ws)[None, :]
+            else:
+                acc += d * (ws[:, None] * sa[None, :])
     return acc
 
 

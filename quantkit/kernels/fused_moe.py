@@ -64,7 +64,7 @@ class MoeConfig:
     num_warps: int = 4
     num_stages: int = 3
     group_m: int = 8
-    upcast: bool = False  # MX experts only: exact bf16 operands, one bf16 dot per 32 columns
+    upcast: bool = False  # MX experts only: exact bf16 operands, one bf16 dot per 32 columns (``mx_step`` on sorted rows)
     fuse_quant: bool = False  # each GEMM program quantizes its own activation rows (no quant launches)
     split_k: int = 0  # K splits per tile: 0 = enough programs for ``waves`` per SM (few tokens only), 1 = none
     waves: int = 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import collections
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +58,7 @@ def dense_us(torch, flush, n: int, k: int, t: int) -> float:
 
 
 def profile_model(torch, name: str, token_counts: list[int], flush) -> None:
-    from quantkit.kernels.fused_moe import MoeConfig, fused_moe, pick_moe_config
+    from quantkit.kernels.fused_moe import fused_moe, pick_moe_config
 
     m, dev = MODELS[name], torch.device("cuda")
     ex = model_experts(torch, "fp8-block", m, dev)
@@ -70,7 +71,7 @@ def profile_model(torch, name: str, token_counts: list[int], flush) -> None:
         print(f"== {name} T={t}: {hit} experts; GEMM 1 {b1 / 1e6:.1f} MB, GEMM 2 {b2 / 1e6:.1f} MB; default {base.name()}", flush=True)
         for kw in VARIANTS:
             kw = {**kw, "fuse_quant": not base.fuse_quant} if "fuse_quant" in kw else kw
-            cfg = MoeConfig(**{**base.__dict__, **kw})
+            cfg = replace(base, **kw)
             rows = launches(torch, lambda cfg=cfg, x=x, wts=wts, ids=ids: fused_moe(x, wts, ids, w13, w2, spec, config=cfg), flush)
             g1, g2 = (us for name_, us in rows if "gemm_kernel" in name_)  # gathered or sorted rows
             rest = " ".join(f"{name_[:12]}={us:.1f}" for name_, us in rows if "gemm_kernel" not in name_)

@@ -31,7 +31,7 @@ dense tiles through TMA (:mod:`.fused_moe_sorted`; same numerics).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -115,9 +115,9 @@ def pick_moe_config(n_pairs: int, num_experts: int, fmt: str, interleaved: bool 
     avg = n_pairs / max(num_experts, 1)
     cfg = next(c for limit, c in MOE_CONFIGS if avg <= limit)
     if fmt == "mxfp8" and avg > MOE_CONFIGS[-2][0]:
-        return MX_PREFILL_CONFIG if interleaved else MoeConfig(**{**MX_PREFILL_CONFIG.__dict__, "mx_step": MX_PREFILL_STEP_CONCAT})
+        return MX_PREFILL_CONFIG if interleaved else replace(MX_PREFILL_CONFIG, mx_step=MX_PREFILL_STEP_CONCAT)
     if fmt == "mxfp8" and cfg.block_m >= 64:  # per-32 promotion costs more than exact bf16 operands there
-        return MoeConfig(**{**cfg.__dict__, "upcast": True})
+        return replace(cfg, upcast=True)
     return cfg
 
 

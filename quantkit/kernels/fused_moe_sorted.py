@@ -40,23 +40,18 @@ from .fused_moe_ref import ExpertWeights, MoeSpec
 from .gemm_block_scaled import tile_coords
 from .moe_common import add_bias, moe_activation, moe_mma
 from .moe_routing import Alignment
-from .triton_numerics import bf16_round, e8m0_decode, interpreted
+from .triton_numerics import bf16_round, e8m0_decode, interpreted, times_group_scales
 
 BLOCK_K = 128
 
 
 @triton.jit
-def _mx_upcast(x, s_ptr, rows, rows_ok, stride_r, kb, n_cols, R: tl.constexpr, SUB_K: tl.constexpr, UP_DTYPE: tl.constexpr):
+def _mx_upcast(x, s_ptr, rows, rows_ok, stride_r, kb, n_cols, SUB_K: tl.constexpr, UP_DTYPE: tl.constexpr):
     """E4M3 [R, SUB_K] times its E8M0 scales (one per 32 columns of a row), exact in UP_DTYPE."""
     G: tl.constexpr = SUB_K // 32
     cols = kb * G + tl.arange(0, G)
     s = tl.load(s_ptr + rows[:, None] * stride_r + cols[None, :], mask=rows_ok[:, None] & (cols < n_cols)[None, :], other=0)
-    s = e8m0_decode(s.to(tl.int32))  # [R, G]
-    if G == 1:
-        xs = x.to(tl.float32) * s
-    else:
-        xs = (tl.reshape(x.to(tl.float32), (R, G, 32)) * s[:, :, None]).reshape(R, SUB_K)
-    return xs.to(UP_DTYPE)
+    return times_group_scales(x.to(tl.float32), e8m0_decode(s.to(tl.int32)), 32).to(UP_DTYPE)  # s [R, G]
 
 
 @triton.jit
@@ -73,7 +68,7 @@ def _weight_step(acc, a, sa, w_desc, e, wrow, k0, ws_e, s_wsn, kcol, N_W, WS_COL
         acc = moe_mma(acc, a, w.T, sa, sw, False, True, UP_DTYPE)
     elif MX:  # ``a`` already upcast
         wr = wrow + tl.arange(0, ROWS)
-        wb = _mx_upcast(w, ws_e, wr, wr < N_W, s_wsn, kcol, WS_COLS, ROWS, SUB_K, UP_DTYPE)
+        wb = _mx_upcast(w, ws_e, wr, wr < N_W, s_wsn, kcol, WS_COLS, SUB_K, UP_DTYPE)
         acc = tl.dot(a, wb.T, acc)
     else:
         sw = tl.load(ws_e + (wrow // SUB_K) * s_wsn + kcol)
@@ -109,7 +104,7 @@ def _sorted_gemm_kernel(
         a = a_desc.load([r0, k0])  # [BM, SUB_K]; K past the end arrives as zeros
         if MX and SUB_K > 32:  # several scales per row: upcast once per step, shared by gate and up
             sa = 0.0
-            a = _mx_upcast(a, as_ptr, rows, rows < CAP, s_asm, kb, S_COLS, BLOCK_M, SUB_K, UP_DTYPE)
+            a = _mx_upcast(a, as_ptr, rows, rows < CAP, s_asm, kb, S_COLS, SUB_K, UP_DTYPE)
         else:
             sa = tl.load(as_ptr + rows * s_asm + kb)
             if MX:

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .gemm_block_scaled import BLOCK_K, WORKSPACE, Side, Workspace, cdiv, check_side, side_scale, split_plan, split_reduce, upcast_dtype
-from .triton_numerics import e8m0_decode
+from .triton_numerics import e8m0_decode, times_group_scales
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,6 @@ def _upcast_tile(x, s_ptr, rows, row0, kb, n_kcols, stride_r, stride_k, RPS: tl.
     """E4M3 [R, BLOCK_K] times its power-of-two scales (KPS columns each), in UP_DTYPE: exact
     (see :mod:`.gemm_mxfp8`), so one dot over BLOCK_K needs no promotion."""
     G: tl.constexpr = BLOCK_K // KPS
-    xf = x.to(tl.float32)
     cols = kb * G + tl.arange(0, G)
     if RPS % R == 0:  # one scale row for the tile: [G]
         s = tl.load(s_ptr + (row0 // RPS) * stride_r + cols * stride_k, mask=cols < n_kcols, other=0)
@@ -72,17 +71,13 @@ def _upcast_tile(x, s_ptr, rows, row0, kb, n_kcols, stride_r, stride_k, RPS: tl.
         s = tl.load(s_ptr + (rows // RPS)[:, None] * stride_r + cols[None, :] * stride_k, mask=(cols < n_kcols)[None, :], other=0)
     if E8M0:
         s = e8m0_decode(s.to(tl.int32))
-    if G == 1:
-        if RPS % R == 0:
-            xf = xf * tl.sum(s, axis=0)
-        else:
-            xf = xf * s  # [R, 1]
+    if RPS % R != 0:
+        xs = times_group_scales(x.to(tl.float32), s, KPS)
+    elif G == 1:  # the tile's one scale, as a scalar
+        xs = x.to(tl.float32) * tl.sum(s, axis=0)
     else:
-        if RPS % R == 0:
-            xf = (tl.reshape(xf, (R, G, KPS)) * s[None, :, None]).reshape(R, BLOCK_K)
-        else:
-            xf = (tl.reshape(xf, (R, G, KPS)) * s[:, :, None]).reshape(R, BLOCK_K)
-    return xf.to(UP_DTYPE)
+        xs = times_group_scales(x.to(tl.float32), s[None, :], KPS)
+    return xs.to(UP_DTYPE)
 
 
 @triton.jit
@@ -90,7 +85,7 @@ def _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, n0, kb, K, W
                  swn, swsn, swsk, sam, sasm, sask,
                  W_RPS: tl.constexpr, W_KPS: tl.constexpr, W_E8M0: tl.constexpr, A_KPS: tl.constexpr, A_E8M0: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, DOT: tl.constexpr, MASKED: tl.constexpr,
-                 UPCAST: tl.constexpr = False, UP_DTYPE: tl.constexpr = tl.bfloat16, BLOCK_M: tl.constexpr = 16):  # fmt: skip
+                 UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
     """One BLOCK_K step: BLOCK_K // SUB_K sub-blocks, each product promoted with both scales; with
     UPCAST one dot over BLOCK_K on operands already multiplied by their scales."""
     W_UNIFORM: tl.constexpr = W_RPS % BLOCK_N == 0

@@ -17,13 +17,9 @@ def moe_activation(g, u, ACT: tl.constexpr, alpha, limit, ROUND: tl.constexpr):
     if ACT == 0:  # silu(g) * u
         s = bf16_round(tl.math.div_rn(g, 1.0 + tl.exp(-g)), ROUND)
         return bf16_round(s * u, ROUND)
-    g = tl.minimum(
-        g, limit
-    )  # GPT-OSS: (clamp(u) + 1) * g * sigmoid(alpha * g), g <= limit
+    g = tl.minimum(g, limit)  # GPT-OSS: (clamp(u) + 1) * g * sigmoid(alpha * g), g <= limit
     u = tl.minimum(tl.maximum(u, -limit), limit)
-    sig = bf16_round(
-        tl.math.div_rn(1.0, 1.0 + tl.exp(-bf16_round(g * alpha, ROUND))), ROUND
-    )
+    sig = bf16_round(tl.math.div_rn(1.0, 1.0 + tl.exp(-bf16_round(g * alpha, ROUND))), ROUND)
     return bf16_round(bf16_round(u + 1.0, ROUND) * bf16_round(g * sig, ROUND), ROUND)
 
 

@@ -78,6 +78,18 @@ def e8m0_decode(b):
 
 
 @triton.jit
+def times_group_scales(xf, s, KPS: tl.constexpr):
+    """float32 [R, C] times one scale per KPS columns: ``s`` [R, C // KPS] (each row its own) or
+    [1, C // KPS] (one row of scales for the tile)."""
+    R: tl.constexpr = xf.shape[0]
+    C: tl.constexpr = xf.shape[1]
+    G: tl.constexpr = C // KPS
+    if G == 1:
+        return xf * s
+    return (tl.reshape(xf, (R, G, KPS)) * s[:, :, None]).reshape(R, C)
+
+
+@triton.jit
 def e8m0_exponent(amax, E_MAX: tl.constexpr, M_MAX: tl.constexpr, RCEIL: tl.constexpr):
     """float32 amax >= 0 -> int32 k of scale 2**k, clamped to [-127, 127]; NaN/Inf -> 128.
 

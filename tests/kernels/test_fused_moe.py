@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -320,7 +322,7 @@ def test_sorted_rows_match_reference(triton_device, gen, fmt, spec, e, h, inter,
     w, ids = routed(t, k, e, gen)
     out = run_triton(x, w, ids, w13, w2, spec, triton_device, cfg)
     assert_moe_close(out, fused_moe_ref(x, w, ids, w13, w2, spec), f"sorted {spec.activation} {cfg.name()}", 5e-3)
-    gathered = run_triton(x, w, ids, w13, w2, spec, triton_device, MoeConfig(**{**cfg.__dict__, "sorted_rows": False}))
+    gathered = run_triton(x, w, ids, w13, w2, spec, triton_device, replace(cfg, sorted_rows=False))
     assert_moe_close(out, gathered, "sorted vs gathered rows (summation order only)", 1e-3)
 
 
@@ -370,7 +372,7 @@ def test_triton_float32_input_and_default_config(triton_device, gen, t, fuse):
     w13, w2 = experts("fp8-block", 4, 256, 128, gen, bias=False), experts("fp8-block", 4, 128, 128, gen, bias=False)
     x = torch.randn(t, 128, generator=gen)
     w, ids = routed(t, 2, 4, gen)
-    cfg = MoeConfig(**{**pick_moe_config(t * 2, 4, "fp8-block").__dict__, "fuse_quant": True}) if fuse else None
+    cfg = replace(pick_moe_config(t * 2, 4, "fp8-block"), fuse_quant=True) if fuse else None
     out = run_triton(x, w, ids, w13, w2, SILU, triton_device, cfg)
     assert out.dtype == torch.float32
     assert_moe_close(out, fused_moe_ref(x, w, ids, w13, w2, SILU), f"f32 {'fused-quant' if fuse else 'default'} config", 1e-5)
@@ -406,8 +408,8 @@ def test_config_table():
     assert pick_moe_config(8192 * 4, 128, "fp8-block") == MOE_CONFIGS[-1][1] and MOE_CONFIGS[-1][1].sorted_rows
     assert pick_moe_config(8192 * 4, 128, "mxfp8") == MX_PREFILL_CONFIG and MX_PREFILL_CONFIG.upcast and MX_PREFILL_CONFIG.sorted_rows
     concat = pick_moe_config(8192 * 8, 256, "mxfp8", interleaved=False)  # DeepSeek-V3 prefill: 64-column MX steps
-    assert concat.mx_step == 64 and MX_PREFILL_CONFIG.mx_step == 32 and concat == MoeConfig(**{**MX_PREFILL_CONFIG.__dict__, "mx_step": 64})
-    assert pick_moe_config(160 * 128, 128, "mxfp8") == MoeConfig(**{**MOE_CONFIGS[-2][1].__dict__, "upcast": True})
+    assert concat.mx_step == 64 and MX_PREFILL_CONFIG.mx_step == 32 and concat == replace(MX_PREFILL_CONFIG, mx_step=64)
+    assert pick_moe_config(160 * 128, 128, "mxfp8") == replace(MOE_CONFIGS[-2][1], upcast=True)
     assert not pick_moe_config(4, 128, "mxfp8").upcast
 
 
@@ -472,9 +474,9 @@ def test_gpu_gpt_oss_shapes(gpt_oss_experts, t):
     out = dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS)
     assert_moe_close(out, ref, f"gpt-oss {w13.fmt} T={t}", 1e-2)
     assert torch.equal(out, dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS)), "deterministic"
-    mx_prefill = [MX_PREFILL_CONFIG, MoeConfig(**{**MX_PREFILL_CONFIG.__dict__, "mx_step": 64})]  # 64: concatenated gate/up's step
+    mx_prefill = [MX_PREFILL_CONFIG, replace(MX_PREFILL_CONFIG, mx_step=64)]  # 64: concatenated gate/up's step
     for cfg in [c for _, c in MOE_CONFIGS] + (mx_prefill if w13.fmt == "mxfp8" else []):
-        cfg = MoeConfig(**{**cfg.__dict__, "upcast": cfg.upcast or (w13.fmt == "mxfp8" and cfg.block_m >= 64)})
+        cfg = replace(cfg, upcast=cfg.upcast or (w13.fmt == "mxfp8" and cfg.block_m >= 64))
         assert_moe_close(run_triton(x, w, ids, w13, w2, GPT_OSS, "cuda", cfg), ref, f"gpt-oss {w13.fmt} T={t} {cfg.name()}", 1e-2)
 
 
@@ -491,11 +493,13 @@ def test_gpu_sorted_rows(fmt, spec, h, inter):
     x = torch.randn(1000, h, generator=g).to(torch.bfloat16).cuda()
     w, ids = routed(1000, 4, 8, g, "cuda")
     ref = fused_moe_ref(x, w, ids, w13, w2, spec)
-    for cfg in (MoeConfig(128, 64, 128, num_warps=8, num_stages=3, upcast=up, sorted_rows=True), MoeConfig(64, 64, 128, num_warps=4, num_stages=4, upcast=up, sorted_rows=True)):
+    cfgs = [MoeConfig(128, 64, 128, num_warps=8, num_stages=3, upcast=up, sorted_rows=True), MoeConfig(64, 64, 128, num_warps=4, num_stages=4, upcast=up, sorted_rows=True)]
+    cfgs += [replace(cfgs[1], mx_step=64), replace(cfgs[1], mx_step=128)] if up else []  # MX steps folding 2 / 4 scales per row
+    for cfg in cfgs:
         assert sorted_ok(w13, w2, spec, cfg.block_n1, cfg.block_n2, cfg.upcast)
         out = run_triton(x, w, ids, w13, w2, spec, "cuda", cfg)
         assert_moe_close(out, ref, f"sorted {spec.activation} {cfg.name()}", 1e-2)
-        gathered = run_triton(x, w, ids, w13, w2, spec, "cuda", MoeConfig(**{**cfg.__dict__, "sorted_rows": False}))
+        gathered = run_triton(x, w, ids, w13, w2, spec, "cuda", replace(cfg, sorted_rows=False))
         assert_moe_close(out, gathered, f"sorted vs gathered {cfg.name()}", 1e-3)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

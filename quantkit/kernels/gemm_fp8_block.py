@@ -9,9 +9,11 @@ The kernel and its launch come from a table by M (:data:`FP8_BLOCK_CONFIGS`, mea
 ``scripts/bench_kernels.py --sweep``; no autotuning at run time):
 
 * M <= 64: :mod:`.gemm_skinny` (decode: GEMV-like, split-K over every SM, streams the weight once);
-* larger M: :mod:`.gemm_block_scaled` (grouped order; 64x128 tiles on one warpgroup up to M = 512,
-  then 128x128 on two with TMA loads when rows are 16-byte aligned, else pointer loads -- the
-  table's rule, so an explicit ``config`` with ``tma=True`` on unaligned rows raises instead).
+* M = 65-512: :mod:`.gemm_block_scaled` (grouped order, 64x128 tiles on one warpgroup);
+* larger M: :mod:`.gemm_wgmma` on sm_90 (warp-specialised Gluon kernel, persistent 128x128
+  tiles) where :func:`.gemm_wgmma.why_not` allows, else :data:`TILED_LARGE`: the tiled kernel's
+  128x128 tiles on two warpgroups, TMA loads when rows are 16-byte aligned, else pointer loads
+  (the table's rules; an explicit ``config`` the operands cannot take raises instead).
 
 ``by-shape`` (the backend ``auto`` picks on Hopper) runs cuBLAS or this Triton op per the
 measured crossover table :data:`.scaled_mm.BY_SHAPE_FP8`, and says which through
@@ -28,10 +30,11 @@ import torch
 from . import dispatch
 from .gemm_block_scaled import BLOCK_K, INT32_LIMIT, Config, Side, Workspace, block_scaled_mm, tma_ok
 from .gemm_skinny import SkinnyConfig, skinny_mm
+from .gemm_wgmma import WgmmaConfig, wgmma_mm, why_not
 from .scaled_mm import BY_SHAPE_PRIORITY, by_shape_choice, cublas_available, gemm_fp8_block_cublas
 from .triton_numerics import PRIORITY, available
 
-KernelConfig = Config | SkinnyConfig
+KernelConfig = Config | SkinnyConfig | WgmmaConfig
 ConfigTable = tuple[tuple[int, KernelConfig], ...]
 
 # (largest M, config).  Measured on the H200 (docs/benchmarks.md): M <= 64 is weight-bandwidth
@@ -40,11 +43,15 @@ ConfigTable = tuple[tuple[int, KernelConfig], ...]
 # (fourth pass); 128x256 spills.  Small M: 2 split-K programs per SM (sixth pass, all 14 served
 # shapes at M = 1 / 16 / 64, CUDA graphs): geomean 1.07-1.08x the former 4 (which the >= 30 MB
 # weights had already dropped), at worst 0.97x; 1 or 3 per SM and 6 stages were slower.
+# Seventh pass: from M = 513 the warp-specialised wgmma kernel, 5 stages, promotion groups of 4 K
+# blocks, TMA-store epilogue (1.3-1.6x the tiled kernel, 0.93-1.13x cuBLAS on the A/B shapes);
+# TILED_LARGE where it cannot run.
 FP8_BLOCK_CONFIGS: ConfigTable = (
     (64, SkinnyConfig(block_n=64, waves=2, num_warps=4, num_stages=4)),
     (512, Config(64, 128, group=8, num_warps=4, num_stages=4)),  # not re-timed: 128x128 is measured from M = 1024
-    (INT32_LIMIT, Config(128, 128, group=8, tma=True, num_warps=8, num_stages=4)),
+    (INT32_LIMIT, WgmmaConfig(stages=5, unroll=4)),
 )
+TILED_LARGE = Config(128, 128, group=8, tma=True, num_warps=8, num_stages=4)
 
 
 def pick_config(table: ConfigTable, m: int) -> KernelConfig:
@@ -54,9 +61,12 @@ def pick_config(table: ConfigTable, m: int) -> KernelConfig:
     raise ValueError(f"no GEMM configuration for M={m}")
 
 
-def table_config(table: ConfigTable, a: Side, w: Side) -> KernelConfig:
-    """The table's config for these operands: TMA only where rows are 16-byte aligned."""
+def table_config(table: ConfigTable, a: Side, w: Side, out_dtype: torch.dtype = torch.bfloat16) -> KernelConfig:
+    """The table's config for these operands: the wgmma kernel only where it runs
+    (:func:`.gemm_wgmma.why_not`), else :data:`TILED_LARGE`; TMA only where rows are 16-byte aligned."""
     cfg = pick_config(table, a.q.shape[0])
+    if isinstance(cfg, WgmmaConfig) and why_not(a, w, out_dtype) is not None:
+        cfg = TILED_LARGE
     if isinstance(cfg, Config) and cfg.tma and not tma_ok(a.q, w.q):
         return replace(cfg, tma=False, persistent=0)
     return cfg
@@ -66,6 +76,8 @@ def run(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtype, cfg
     """Launch the kernel ``cfg`` names (small-M or tiled) on 2-D operands."""
     if isinstance(cfg, SkinnyConfig):
         return skinny_mm(a, w, bias, out_dtype, cfg, workspace)
+    if isinstance(cfg, WgmmaConfig):
+        return wgmma_mm(a, w, bias, out_dtype, cfg, workspace)
     return block_scaled_mm(a, w, bias, out_dtype, cfg, workspace)
 
 
@@ -92,7 +104,7 @@ def matmul(
     operand -> out_dtype [..., N]; ``config`` or the table's for these operands."""
     a2, s2 = flatten_act(a, a_scale)
     sa = a_side(a2, s2)
-    out = run(sa, w, bias, out_dtype, config or table_config(table, sa, w), workspace)
+    out = run(sa, w, bias, out_dtype, config or table_config(table, sa, w, out_dtype), workspace)
     return out if a.dim() == 2 else out.reshape(*a.shape[:-1], w.q.shape[0])
 
 

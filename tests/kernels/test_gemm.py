@@ -28,6 +28,7 @@ from quantkit.kernels.gemm_block_scaled import WORKSPACE, Config, Workspace, aut
 from quantkit.kernels.gemm_fp8_block import FP8_BLOCK_CONFIGS, pick_config
 from quantkit.kernels.gemm_mxfp8 import MXFP8_CONFIGS, W128_CONFIGS, mx_to_bf16, requant_weight_128
 from quantkit.kernels.gemm_skinny import SkinnyConfig, block_m_for, skinny_split
+from quantkit.kernels.gemm_wgmma import WgmmaConfig
 from quantkit.kernels.scaled_mm import gemm_fp8_block_ref, gemm_mxfp8_ref, gemm_mxfp8_w128_ref
 
 HAS_CUDA = torch.cuda.is_available()
@@ -199,13 +200,14 @@ def test_launcher_asserts_layouts(triton_device, gen):
 
 def test_table_uses_tma_only_on_aligned_rows():
     from quantkit.kernels.gemm_block_scaled import Side
-    from quantkit.kernels.gemm_fp8_block import table_config
+    from quantkit.kernels.gemm_fp8_block import TILED_LARGE, table_config
 
     def sides(k: int) -> tuple[Side, Side]:
         a = torch.zeros(2048, k, dtype=torch.float8_e4m3fn)
         w = torch.zeros(256, k, dtype=torch.float8_e4m3fn)
         return Side(a, torch.ones(2048, -(-k // 128)), 1, 128), Side(w, torch.ones(2, -(-k // 128)), 128, 128)
 
+    assert table_config(FP8_BLOCK_CONFIGS, *sides(2880)) == TILED_LARGE  # no sm_90 here: the tiled fallback
     assert table_config(FP8_BLOCK_CONFIGS, *sides(2880)).tma  # 2880 bytes per row: 16-byte aligned
     assert not table_config(FP8_BLOCK_CONFIGS, *sides(200)).tma
 
@@ -256,9 +258,10 @@ def test_workspace_grows_keeps_old_buffers_and_caches_the_sm_count():
 def test_config_tables_and_split_rules():
     for table in (FP8_BLOCK_CONFIGS, MXFP8_CONFIGS, W128_CONFIGS):
         assert isinstance(pick_config(table, 1), SkinnyConfig) and isinstance(pick_config(table, 64), SkinnyConfig)
-        assert isinstance(pick_config(table, 65), Config) and pick_config(table, 8192).block_n == 128
+        assert isinstance(pick_config(table, 65), Config)
         assert pick_config(table, 2**31) is table[-1][1]
-    assert pick_config(FP8_BLOCK_CONFIGS, 8192).tma
+    assert isinstance(pick_config(FP8_BLOCK_CONFIGS, 513), WgmmaConfig) and isinstance(pick_config(FP8_BLOCK_CONFIGS, 512), Config)
+    assert pick_config(MXFP8_CONFIGS, 8192).block_n == pick_config(W128_CONFIGS, 8192).block_n == 128
     with pytest.raises(ValueError, match="no GEMM configuration"):
         pick_config(FP8_BLOCK_CONFIGS, 2**31 + 1)
     assert auto_split(tiles=45, n_kb=23, sms=132) == 6  # (2880, 2880) at M=1: 45 weight tiles of 64 rows
@@ -289,6 +292,7 @@ def gpu_configs(m: int) -> list:
     cfgs = [SkinnyConfig(block_m=bm), SkinnyConfig(block_n=128, block_m=bm, num_warps=8), Config(16, 64, swap_ab=True, split_k=4),
             Config(64, 128, num_stages=4), Config(128, 128, num_warps=8, num_stages=4), Config(64, 128, split_k=0)]  # fmt: skip
     cfgs += [replace(c, tma=True) for c in cfgs if isinstance(c, Config)] + [Config(64, 128, tma=True, persistent=2)]
+    cfgs += [WgmmaConfig(), WgmmaConfig(stages=4, unroll=2), WgmmaConfig(unroll=1)]  # any M: one tile's rows or many
     if m <= 16:
         cfgs += [SkinnyConfig(dot=False, chunk=32, block_n=32), SkinnyConfig(dot=False, chunk=64, block_m=1 if m == 1 else 0)]
     return cfgs
@@ -328,7 +332,7 @@ def test_gpu_mxfp8_gemm(gen, m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("m,cfg", [(4, SkinnyConfig(split_k=4)), (64, SkinnyConfig()), (300, Config(64, 128, split_k=3)), (1100, Config(64, 128, tma=True))])
+@pytest.mark.parametrize("m,cfg", [(4, SkinnyConfig(split_k=4)), (64, SkinnyConfig()), (300, Config(64, 128, split_k=3)), (1100, Config(64, 128, tma=True)), (1100, WgmmaConfig())])
 def test_gpu_cuda_graph_replays_match_eager(gen, m, cfg):
     """Captured once, replayed on new inputs: the same bits as eager launches, counters back at zero."""
     n, k = 2112, 2880

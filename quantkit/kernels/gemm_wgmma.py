@@ -1,0 +1,137 @@
+"""FP8-block GEMM for large M on Hopper: warp-specialised, persistent, written in Gluon.
+
+The same op as :mod:`.gemm_block_scaled` (A E4M3 [M, K] with F32 1x128 scales, W E4M3 [N, K]
+with F32 128x128 scales, float32 accumulation promoted per 128-deep K block, DeepSeek-V3's
+rule), built the way DeepGEMM builds it: a TMA warp feeding two 64-row consumer warpgroups that
+hide each block's promotion behind the tensor core's work on the next one
+(:mod:`.gemm_wgmma_gluon` has the kernels and their ordering rules).  Triton's ``tl.dot`` loop
+cannot: it waits for every dot before promoting it, which held the tiled kernel near 0.73x
+cuBLAS (docs/benchmarks.md, "Seventh pass").
+
+It runs where :func:`why_not` returns None: compiled NVIDIA sm_90 with a Triton that has Gluon's
+Hopper API (measured on Triton 3.6), 1x128 / 128x128 F32 scales, E4M3 rows 16-byte aligned
+(K % 16 == 0, for TMA), bf16 / fp16 / fp32 output.  Elsewhere :mod:`.gemm_fp8_block`'s table falls
+back to the Triton tiled kernel.  The CPU interpreter cannot run Gluon: CI checks the host rules
+and compiles the kernel for sm_90 (tests/kernels/test_gemm_wgmma.py); the H200 checks the numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from .dispatch import Availability
+from .gemm_block_scaled import BLOCK_K, INT32_LIMIT, WORKSPACE, Side, Workspace, cdiv, check_side, tma_ok
+from .triton_numerics import interpreted
+
+BLOCK_M = 128  # two consumer warpgroups of 64 rows
+BLOCK_N = 128  # one weight scale per tile column block
+LOADER_REGS = 40  # registers of the TMA warp (setmaxnreg); the consumers get WgmmaConfig.regs
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    """One launch of the warp-specialised kernel (128x128 tiles, one program per SM).
+
+    ``stages``: shared-memory ring depth (32 KiB a stage); ``unroll``: K blocks per group, all
+    but the last promotion of a group overlapped with the tensor core; ``regs``: consumer
+    registers per thread."""
+
+    stages: int = 5
+    unroll: int = 4
+    group: int = 8
+    regs: int = 232
+
+    def name(self) -> str:
+        return f"wgmma128x128/st{self.stages}/u{self.unroll}" + (f"/g{self.group}" if self.group != 8 else "")
+
+
+@functools.cache
+def _kernels() -> ModuleType:
+    from . import gemm_wgmma_gluon
+
+    return gemm_wgmma_gluon
+
+
+def gluon_missing() -> str | None:
+    """Why this Triton cannot build the kernel (None when it can)."""
+    try:
+        _kernels()
+    except ImportError as e:
+        return f"this Triton has no Gluon Hopper API ({e})"
+    return None
+
+
+def wgmma_available(device: torch.device) -> Availability:
+    """Where the kernel can run at all: compiled, NVIDIA sm_90, Gluon importable."""
+    if interpreted():
+        return Availability(False, reason="Gluon kernels do not run in Triton's CPU interpreter")
+    if device.type != "cuda" or torch.version.hip is not None:
+        return Availability(False, reason=f"wgmma needs an NVIDIA GPU, got {device.type}")
+    major, minor = torch.cuda.get_device_capability(device)
+    if major != 9:
+        return Availability(False, reason=f"wgmma is sm_90 only, got sm_{major}{minor}")
+    missing = gluon_missing()
+    return Availability(False, reason=missing) if missing else Availability(True)
+
+
+def why_not(a: Side, w: Side, out_dtype: torch.dtype) -> str | None:
+    """None when :func:`wgmma_mm` takes these operands, else the rule they break."""
+    if (a.rps, a.kps, w.rps, w.kps) != (1, BLOCK_K, BLOCK_K, BLOCK_K):
+        return f"1x128 activation and 128x128 weight scales only, got {a.rps}x{a.kps} and {w.rps}x{w.kps}"
+    if a.s.dtype != torch.float32 or w.s.dtype != torch.float32:
+        return f"F32 scales only, got {a.s.dtype} and {w.s.dtype}"
+    if out_dtype not in OUT_DTYPES:
+        return f"output must be one of {OUT_DTYPES}, got {out_dtype}"
+    if not tma_ok(a.q, w.q):
+        return f"TMA needs 16-byte aligned E4M3 rows (K % 16 == 0), got row strides {a.q.stride(0)} and {w.q.stride(0)}"
+    if a.q.shape[0] * w.q.shape[0] >= INT32_LIMIT:
+        return f"{a.q.shape[0]} x {w.q.shape[0]} outputs overflow 32-bit offsets"
+    avail = wgmma_available(a.q.device)
+    return None if avail.ok else avail.reason
+
+
+@functools.cache
+def _layout(rows: int, cols: int, dtype: torch.dtype):
+    gl = _kernels().gl
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
+                                                               torch.float16: gl.float16, torch.float32: gl.float32}[dtype])  # fmt: skip
+
+
+def _descriptor(t: torch.Tensor, rows: int, cols: int):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], [rows, cols], _layout(rows, cols, t.dtype))
+
+
+def wgmma_mm(
+    a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtype, cfg: WgmmaConfig, workspace: Workspace | None = None
+) -> torch.Tensor:
+    """[M, K] x [N, K] -> out_dtype [M, N] (+ bias [N]); raises where :func:`why_not` names a rule."""
+    m, k = a.q.shape
+    n = w.q.shape[0]
+    check_side(a, "activation", k)
+    check_side(w, "weight", k)
+    assert bias is None or tuple(bias.shape) == (n,), f"bias must be [{n}], got {None if bias is None else tuple(bias.shape)}"
+    reason = why_not(a, w, out_dtype)
+    if reason:
+        raise ValueError(f"gemm_fp8_block {cfg.name()}: {reason}")
+    out = torch.empty((m, n), dtype=out_dtype, device=a.q.device)
+    if m == 0 or n == 0:
+        return out
+    tma_store = (n * out.element_size()) % 16 == 0  # else masked stores: TMA needs 16-byte aligned output rows
+    c_desc = _descriptor(out, BLOCK_M // 2, BLOCK_N) if tma_store else None
+    tiles = cdiv(m, BLOCK_M) * cdiv(n, BLOCK_N)
+    grid = (min(tiles, (workspace or WORKSPACE).sm_count(out.device)),)
+    _kernels().fp8_block_gemm_ws[grid](
+        _descriptor(a.q, BLOCK_M, BLOCK_K), _descriptor(w.q, BLOCK_N, BLOCK_K), c_desc, a.s, w.s,
+        bias if bias is not None else out, out, m, n, k,
+        a.s.stride(0), a.s.stride(1), w.s.stride(0), w.s.stride(1), out.stride(0),
+        BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K, STAGES=cfg.stages, UNROLL=cfg.unroll, GROUP=cfg.group,
+        REGS=cfg.regs, LOADER_REGS=LOADER_REGS, HAS_BIAS=bias is not None, TMA_STORE=tma_store, num_warps=4,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,226 @@
+"""Gluon kernels of :mod:`.gemm_wgmma` (sm_90 only; imported by it on first use).
+
+One program per SM loops over 128x128 output tiles in grouped order, split three ways
+(``gl.warp_specialize``):
+
+* one TMA warp streams [128, 128] activation and [128, 128] weight tiles (E4M3) into a ring of
+  STAGES shared-memory stages (``ready`` / ``empty`` mbarriers), running ahead across tiles;
+* two consumer warpgroups, 64 rows each, issue ``wgmma`` for every 128-deep K block into a fresh
+  float32 register tile and promote it into their accumulator times the block's activation-row
+  and weight scales (DeepSeek's per-128 promotion);
+* each consumer writes its half tile through shared memory with a TMA store (out-of-range rows
+  and columns are clipped), or with masked stores where TMA cannot take the output.
+
+The promotion of block k runs on the CUDA cores while the tensor core works on block k + 1:
+blocks are issued in groups of UNROLL, each ``wgmma_wait(1)`` retiring the older one.  Nothing
+is left in flight across a loop's back edge: a loop-carried ``wgmma`` result makes ptxas
+serialise every ``wgmma`` of the kernel (its C7514 warning), and the waits take the accumulator
+as a dependency so that ptxas cannot sink the promotion past the next wait.  The scales of the
+next UNROLL blocks are loaded one group ahead, so no promotion waits on a global load.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+BK_SCALE: gl.constexpr = gl.constexpr(128)  # columns (and weight rows) per scale
+# Triton after 3.6 renamed the TMA copies (the old names raise)
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+
+@gluon.jit
+def _tile(t, n_m, n_n, GROUP: gl.constexpr):
+    """Grouped order: GROUP row-tiles share a column tile while it is in L2."""
+    width = GROUP * n_n
+    first = (t // width) * GROUP
+    size = gl.minimum(n_m - first, GROUP)
+    return first + (t % width) % size, (t % width) // size
+
+
+@gluon.jit
+def _column(x, j: gl.constexpr, kcol):
+    """Column j of a [R, UNROLL] register tile, as an [R] vector."""
+    return gl.sum(gl.where(kcol[None, :] == j, x, 0.0), axis=1)
+
+
+@gluon.jit
+def _loader(
+    a_desc,
+    w_desc,
+    a_smem,
+    w_smem,
+    ready,
+    empty,
+    M,
+    N,
+    n_k,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    STAGES: gl.constexpr,
+    GROUP: gl.constexpr,
+):
+    n_m = gl.cdiv(M, BM)
+    n_n = gl.cdiv(N, BN)
+    nbytes: gl.constexpr = (BM + BN) * BK
+    c = 0
+    for t in range(gl.program_id(0), n_m * n_n, gl.num_programs(0)):
+        pm, pn = _tile(t, n_m, n_n, GROUP)
+        for k in range(n_k):
+            s = c % STAGES
+            mbarrier.wait(empty.index(s), ((c // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
+            mbarrier.expect(ready.index(s), nbytes)
+            _tma_load(a_desc, [pm * BM, k * BK], ready.index(s), a_smem.index(s))
+            _tma_load(w_desc, [pn * BN, k * BK], ready.index(s), w_smem.index(s))
+            c += 1
+
+
+@gluon.jit
+def _issue(a_smem, w_smem, ready, c, zero, HALF: gl.constexpr, HM: gl.constexpr, STAGES: gl.constexpr):
+    """Wait for the c-th stage fill, then start this warpgroup's wgmma on it (async, fresh accumulator)."""
+    s = c % STAGES
+    mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+    return warpgroup_mma(a_smem.index(s).slice(HALF * HM, HM), w_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _consumer(
+    a_smem,
+    w_smem,
+    ready,
+    empty,
+    as_ptr,
+    ws_ptr,
+    bias_ptr,
+    c_ptr,
+    c_desc,
+    c_smem,
+    M,
+    N,
+    K,
+    sasm,
+    sask,
+    swsn,
+    swsk,
+    scm,
+    n_k,
+    HALF: gl.constexpr,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    STAGES: gl.constexpr,
+    UNROLL: gl.constexpr,
+    GROUP: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+    TMA_STORE: gl.constexpr,
+):
+    HM: gl.constexpr = BM // 2
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
+    row_l: gl.constexpr = gl.SliceLayout(1, mma)
+    col_l: gl.constexpr = gl.SliceLayout(0, mma)
+    n_m = gl.cdiv(M, BM)
+    n_n = gl.cdiv(N, BN)
+    zero = gl.zeros([HM, BN], gl.float32, mma)
+    n_main = n_k - n_k % UNROLL
+    kcol = gl.arange(0, UNROLL, layout=col_l)
+    kmax = gl.cdiv(K, BK_SCALE) - 1
+    c = 0
+    for t in range(gl.program_id(0), n_m * n_n, gl.num_programs(0)):
+        pm, pn = _tile(t, n_m, n_n, GROUP)
+        row0 = pm * BM + HALF * HM
+        a_sc = as_ptr + gl.minimum(row0 + gl.arange(0, HM, layout=row_l), M - 1) * sasm
+        w_sc = ws_ptr + ((pn * BN) // BK_SCALE) * swsn  # BN == 128: one weight scale per K block
+        acc = gl.zeros([HM, BN], gl.float32, mma)
+        kn = gl.minimum(kcol, kmax)
+        scs = gl.load(a_sc[:, None] + kn[None, :] * sask) * gl.load(w_sc + kn * swsk)[None, :]
+        for k0 in range(0, n_main, UNROLL):
+            kn = gl.minimum(k0 + UNROLL + kcol, kmax)  # the next group's scales, loaded now
+            sa = gl.load(a_sc[:, None] + kn[None, :] * sask)
+            sw = gl.load(w_sc + kn * swsk)
+            d_p = _issue(a_smem, w_smem, ready, c, zero, HALF, HM, STAGES)
+            for u in gl.static_range(1, UNROLL):
+                d_c = _issue(a_smem, w_smem, ready, c + u, zero, HALF, HM, STAGES)
+                r, acc = warpgroup_mma_wait(num_outstanding=1, deps=(d_p, acc))
+                mbarrier.arrive(empty.index((c + u - 1) % STAGES), count=1)
+                acc += r * _column(scs, u - 1, kcol)[:, None]
+                d_p = d_c
+            r, acc = warpgroup_mma_wait(num_outstanding=0, deps=(d_p, acc))
+            mbarrier.arrive(empty.index((c + UNROLL - 1) % STAGES), count=1)
+            acc += r * _column(scs, UNROLL - 1, kcol)[:, None]
+            scs = sa * sw[None, :]
+            c += UNROLL
+        for k in range(n_main, n_k):
+            d_p = _issue(a_smem, w_smem, ready, c, zero, HALF, HM, STAGES)
+            sc = gl.load(a_sc + k * sask) * gl.load(w_sc + k * swsk)
+            r = warpgroup_mma_wait(num_outstanding=0, deps=(d_p,))
+            mbarrier.arrive(empty.index(c % STAGES), count=1)
+            acc += r * sc[:, None]
+            c += 1
+        cols = pn * BN + gl.arange(0, BN, layout=col_l)
+        if HAS_BIAS:
+            acc += gl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
+        if TMA_STORE:
+            tma.store_wait(0)  # this warpgroup's previous tile has left shared memory
+            c_smem.store(acc.to(c_desc.dtype))
+            fence_async_shared()
+            _tma_store(c_desc, [row0, pn * BN], c_smem)
+        else:
+            offs_m = row0 + gl.arange(0, HM, layout=row_l)
+            mask = (offs_m < M)[:, None] & (cols < N)[None, :]
+            gl.store(c_ptr + offs_m[:, None] * scm + cols[None, :], acc.to(c_ptr.dtype.element_ty), mask=mask)
+    if TMA_STORE:
+        tma.store_wait(0)
+
+
+@gluon.jit
+def fp8_block_gemm_ws(
+    a_desc,
+    w_desc,
+    c_desc,
+    as_ptr,
+    ws_ptr,
+    bias_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    sasm,
+    sask,
+    swsn,
+    swsk,
+    scm,
+    BM: gl.constexpr,
+    BN: gl.constexpr,
+    BK: gl.constexpr,
+    STAGES: gl.constexpr,
+    UNROLL: gl.constexpr,
+    GROUP: gl.constexpr,
+    REGS: gl.constexpr,
+    LOADER_REGS: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+    TMA_STORE: gl.constexpr,
+):
+    a_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, BK], a_desc.layout)
+    w_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, BK], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
+    if TMA_STORE:
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, [2, BM // 2, BN], c_desc.layout)
+        c0 = c_smem.index(0)
+        c1 = c_smem.index(1)
+    else:  # c_desc is None: masked stores, no staging
+        c0 = a_smem
+        c1 = a_smem
+    n_k = gl.cdiv(K, BK)
+    gl.warp_specialize([
+        (_consumer, (a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, c_ptr, c_desc, c0, M, N, K, sasm, sask, swsn, swsk,
+                     scm, n_k, 0, BM, BN, STAGES, UNROLL, GROUP, HAS_BIAS, TMA_STORE)),
+        (_consumer, (a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, c_ptr, c_desc, c1, M, N, K, sasm, sask, swsn, swsk,
+                     scm, n_k, 1, BM, BN, STAGES, UNROLL, GROUP, HAS_BIAS, TMA_STORE)),
+        (_loader, (a_desc, w_desc, a_smem, w_smem, ready, empty, M, N, n_k, BM, BN, BK, STAGES, GROUP)),
+    ], [4, 1], [REGS, LOADER_REGS])  # fmt: skip

@@ -1,0 +1,124 @@
+"""The warp-specialised Hopper FP8-block GEMM (quantkit/kernels/gemm_wgmma.py).
+
+Gluon kernels do not run in Triton's CPU interpreter, so CI checks what it can without a GPU:
+the rules that decide where the kernel runs (and the fallback the table takes elsewhere), and the
+kernel compiled for sm_90 by the installed Triton and its ptxas: the warp-specialised structure
+is there, the promotion overlaps the tensor core (``wgmma.wait_group 1``), and ptxas neither
+serialises the wgmma pipeline (its C7514 / C7517 diagnostics) nor spills.  The numbers are
+checked on the H200 by tests/kernels/test_gemm.py's GPU tests (the table and every config
+against the dequantizing reference) and timed by scripts/bench_kernels.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from quantkit.formats import fp8_block
+from quantkit.kernels import dispatch
+from quantkit.kernels.gemm_block_scaled import Side
+from quantkit.kernels.gemm_fp8_block import FP8_BLOCK_CONFIGS, TILED_LARGE, pick_config, table_config
+from quantkit.kernels.gemm_wgmma import WgmmaConfig, gluon_missing, wgmma_available, why_not
+
+
+def sides(m: int, n: int, k: int, kps: int = 128) -> tuple[Side, Side]:
+    a = torch.zeros(m, k, dtype=torch.float8_e4m3fn)
+    w = torch.zeros(n, k, dtype=torch.float8_e4m3fn)
+    return Side(a, torch.ones(m, -(-k // kps)), 1, kps), Side(w, torch.ones(-(-n // 128), -(-k // 128)), 128, 128)
+
+
+def test_not_available_on_the_cpu_or_in_the_interpreter():
+    avail = wgmma_available(torch.device("cpu"))
+    assert not avail.ok and ("interpreter" in avail.reason or "NVIDIA GPU" in avail.reason)
+
+
+def test_why_not_names_each_rule():
+    a, w = sides(1024, 256, 2880)
+    assert "1x128 activation and 128x128 weight" in why_not(*sides(1024, 256, 2880, kps=32), torch.bfloat16)
+    assert "F32 scales" in why_not(a._replace(s=a.s.to(torch.uint8)), w, torch.bfloat16)
+    assert "output must be one of" in why_not(a, w, torch.int32)
+    unaligned = sides(1024, 256, 200)  # 200-byte rows
+    assert "16-byte aligned" in why_not(*unaligned, torch.bfloat16)
+    # operands the kernel takes: what is left is this machine
+    assert why_not(a, w, torch.bfloat16) == wgmma_available(a.q.device).reason
+
+
+def test_table_takes_wgmma_from_m_513_and_falls_back_where_it_cannot_run():
+    assert isinstance(pick_config(FP8_BLOCK_CONFIGS, 513), WgmmaConfig)
+    a, w = sides(1024, 256, 2880)
+    assert table_config(FP8_BLOCK_CONFIGS, a, w) == TILED_LARGE  # CPU operands
+    assert table_config(FP8_BLOCK_CONFIGS, *sides(1024, 256, 200)) == TILED_LARGE.__class__(**{**TILED_LARGE.__dict__, "tma": False})
+
+
+def test_explicit_config_raises_with_the_rule(gen):
+    x = torch.randn(600, 256, generator=gen)
+    a, sa = fp8_block.quantize_act(x)
+    q, sw = fp8_block.quantize_weight(torch.randn(128, 256, generator=gen))
+    with pytest.raises(ValueError, match=r"gemm_fp8_block wgmma128x128/st5/u4: .*(interpreter|NVIDIA GPU)"):
+        dispatch.call("gemm_fp8_block", a, sa, q, sw, backend="triton", config=WgmmaConfig())
+
+
+def test_config_names():
+    assert WgmmaConfig().name() == "wgmma128x128/st5/u4"
+    assert WgmmaConfig(stages=4, unroll=2, group=16).name() == "wgmma128x128/st4/u2/g16"
+
+
+# Run in a fresh interpreter: this session's Triton may be in interpreter mode (conftest.py), in
+# which Gluon's own jit helpers cannot be compiled.  Compiling for sm_90 needs no GPU.
+_BUILD = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from quantkit.kernels import gemm_wgmma as h, gemm_wgmma_gluon as g
+
+out, tma_store, bias, stages, unroll = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1", int(sys.argv[4]), int(sys.argv[5])
+fn = g.fp8_block_gemm_ws
+tile = gl.NVMMASharedLayout.get_default_for([h.BLOCK_M, 128], gl.float8e4nv)
+half = gl.NVMMASharedLayout.get_default_for([h.BLOCK_M // 2, h.BLOCK_N], gl.bfloat16)
+consts = {"BM": h.BLOCK_M, "BN": h.BLOCK_N, "BK": 128, "STAGES": stages, "UNROLL": unroll, "GROUP": 8, "REGS": 232,
+          "LOADER_REGS": h.LOADER_REGS, "HAS_BIAS": bias, "TMA_STORE": tma_store}
+if not tma_store:
+    consts["c_desc"] = None
+types = {"as_ptr": "*fp32", "ws_ptr": "*fp32", "bias_ptr": "*bf16", "c_ptr": "*bf16", "a_desc": f"tensordesc<fp8e4nv[128, 128],{tile!r}>",
+         "w_desc": f"tensordesc<fp8e4nv[128, 128],{tile!r}>", "c_desc": f"tensordesc<bf16[64, 128],{half!r}>"}
+sig = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
+attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names) if sig[a].startswith("*")}
+src = GluonASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(c),): v for c, v in consts.items()}, attrs=attrs)
+kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+open(out, "w").write(kernel.asm["ptx"])
+print(json.dumps({"num_warps": kernel.metadata.num_warps, "ptxas": get_ptxas(90).path}))
+"""
+
+
+def _compile_sm90(tmp_path, tma_store: bool, bias: bool, cfg: WgmmaConfig) -> tuple[str, dict]:
+    """The kernel's sm_90 PTX and build facts (num_warps, the ptxas Triton runs for sm_90)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    ptx = tmp_path / "k.ptx"
+    args = [str(ptx), str(int(tma_store)), str(int(bias)), str(cfg.stages), str(cfg.unroll)]
+    res = subprocess.run([sys.executable, "-c", _BUILD, *args], capture_output=True, text=True, env=env, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return ptx.read_text(), json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(gluon_missing() is not None, reason="the installed Triton has no Gluon Hopper API")
+@pytest.mark.parametrize("tma_store,bias", [(True, True), (False, False)])
+def test_sm90_build_overlaps_the_promotion_without_serialising(tmp_path, tma_store, bias):
+    ptx, facts = _compile_sm90(tmp_path, tma_store, bias, WgmmaConfig())
+    assert ptx.count("wgmma.mma_async") >= 4 * 4, "UNROLL=4 groups of 128-deep blocks, 4 k32 wgmma each"
+    assert "wgmma.wait_group.sync.aligned 1;" in ptx, "the promotion of a block must overlap the next block's wgmma"
+    assert "setmaxnreg" in ptx, "warp specialisation: the TMA warp gives its registers to the consumers"
+    assert ("cp.async.bulk.tensor.2d.global.shared" in ptx) == tma_store, "TMA-store epilogue exactly when asked"
+    assert facts["num_warps"] == 12, "two consumer warpgroups + the TMA warp's group"
+    cmd = [facts["ptxas"], "-v", "--gpu-name", "sm_90a", str(tmp_path / "k.ptx"), "-o", str(tmp_path / "k.cubin")]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "C7514" not in res.stderr and "C7517" not in res.stderr, f"ptxas serialised the wgmma pipeline: {res.stderr[-1500:]}"
+    assert " 0 bytes spill stores" in res.stderr, res.stderr[-1500:]

@@ -9,11 +9,11 @@ The kernel and its launch come from a table by M (:data:`FP8_BLOCK_CONFIGS`, mea
 ``scripts/bench_kernels.py --sweep``; no autotuning at run time):
 
 * M <= 64: :mod:`.gemm_skinny` (decode: GEMV-like, split-K over every SM, streams the weight once);
-* M = 65-512: :mod:`.gemm_block_scaled` (grouped order, 64x128 tiles on one warpgroup);
 * larger M: :mod:`.gemm_wgmma` on sm_90 (warp-specialised Gluon kernel, persistent 128x128
-  tiles) where :func:`.gemm_wgmma.why_not` allows, else :data:`TILED_LARGE`: the tiled kernel's
-  128x128 tiles on two warpgroups, TMA loads when rows are 16-byte aligned, else pointer loads
-  (the table's rules; an explicit ``config`` the operands cannot take raises instead).
+  tiles) where :func:`.gemm_wgmma.why_not` allows; elsewhere :mod:`.gemm_block_scaled`
+  (:func:`tiled_fallback`: grouped order, 64x128 tiles on one warpgroup up to M = 512, then
+  128x128 on two with TMA loads when rows are 16-byte aligned, else pointer loads -- the table's
+  rules; an explicit ``config`` the operands cannot take raises instead).
 
 ``by-shape`` (the backend ``auto`` picks on Hopper) runs cuBLAS or this Triton op per the
 measured crossover table :data:`.scaled_mm.BY_SHAPE_FP8`, and says which through
@@ -43,15 +43,21 @@ ConfigTable = tuple[tuple[int, KernelConfig], ...]
 # (fourth pass); 128x256 spills.  Small M: 2 split-K programs per SM (sixth pass, all 14 served
 # shapes at M = 1 / 16 / 64, CUDA graphs): geomean 1.07-1.08x the former 4 (which the >= 30 MB
 # weights had already dropped), at worst 0.97x; 1 or 3 per SM and 6 stages were slower.
-# Seventh pass: from M = 513 the warp-specialised wgmma kernel, 5 stages, promotion groups of 4 K
-# blocks, TMA-store epilogue (1.3-1.6x the tiled kernel, 0.93-1.13x cuBLAS on the A/B shapes);
-# TILED_LARGE where it cannot run.
+# Seventh pass: from M = 65 the warp-specialised wgmma kernel, 5 stages, promotion groups of 4 K
+# blocks, TMA-store epilogue.  CUDA graphs, same run as cuBLAS: geomean 0.93 / 0.95 / 0.98 / 1.01x
+# cuBLAS at M = 128 / 256 / 512 / 1024 on 8 served shapes (the 64x128 tiled config: 0.76 / 0.75 /
+# 0.68 / 0.66x), 1.01-1.03x over all 14 at M = 1024-8192.  tiled_fallback where it cannot run.
 FP8_BLOCK_CONFIGS: ConfigTable = (
     (64, SkinnyConfig(block_n=64, waves=2, num_warps=4, num_stages=4)),
-    (512, Config(64, 128, group=8, num_warps=4, num_stages=4)),  # not re-timed: 128x128 is measured from M = 1024
     (INT32_LIMIT, WgmmaConfig(stages=5, unroll=4)),
 )
-TILED_LARGE = Config(128, 128, group=8, tma=True, num_warps=8, num_stages=4)
+TILED_MID = Config(64, 128, group=8, num_warps=4, num_stages=4)  # the tiled kernel up to M = 512
+TILED_LARGE = Config(128, 128, group=8, tma=True, num_warps=8, num_stages=4)  # and above (fourth pass)
+
+
+def tiled_fallback(m: int) -> Config:
+    """The tiled kernel's config where the wgmma kernel cannot run."""
+    return TILED_MID if m <= 512 else TILED_LARGE
 
 
 def pick_config(table: ConfigTable, m: int) -> KernelConfig:
@@ -63,10 +69,10 @@ def pick_config(table: ConfigTable, m: int) -> KernelConfig:
 
 def table_config(table: ConfigTable, a: Side, w: Side, out_dtype: torch.dtype = torch.bfloat16) -> KernelConfig:
     """The table's config for these operands: the wgmma kernel only where it runs
-    (:func:`.gemm_wgmma.why_not`), else :data:`TILED_LARGE`; TMA only where rows are 16-byte aligned."""
+    (:func:`.gemm_wgmma.why_not`), else :func:`tiled_fallback`; TMA only where rows are 16-byte aligned."""
     cfg = pick_config(table, a.q.shape[0])
     if isinstance(cfg, WgmmaConfig) and why_not(a, w, out_dtype) is not None:
-        cfg = TILED_LARGE
+        cfg = tiled_fallback(a.q.shape[0])
     if isinstance(cfg, Config) and cfg.tma and not tma_ok(a.q, w.q):
         return replace(cfg, tma=False, persistent=0)
     return cfg

@@ -39,11 +39,12 @@ BY_SHAPE_PRIORITY = 20
 CUBLAS_M_ALIGN = 16  # rows of mat_a are zero-padded to a multiple of this (M = 1 is refused)
 INT32_LIMIT = 2**31
 # by-shape for gemm_fp8_block: (largest M, backend), first match wins; N % 16 != 0 always runs
-# Triton.  From the first H200 run (torch 2.11, triton 3.6; scripts/bench_kernels.py prints the
-# per-M winners and a suggested table): cuBLAS won every shape at M >= 128 (by 1.3-4x), also
-# with K % 128 != 0, where it pads the weight and activation per call; M <= 64 is Triton's
-# small-M kernel (decode), pending the graph-timed comparison of the next run.
-BY_SHAPE_FP8: tuple[tuple[int, str], ...] = ((16, "triton"), (INT32_LIMIT, "cublas"))  # H200 run of 2026-11-29 (docs/benchmarks.md)
+# Triton.  H200 runs (torch 2.11, triton 3.6; docs/benchmarks.md): M <= 16, Triton's small-M
+# kernel; M = 17-64, cuBLAS (13 of 14 shapes at M = 64); from M = 65 Triton's warp-specialised
+# kernel (seventh pass), which matches cuBLAS on prepared operands (0.93-1.03x geomean at
+# M = 128-8192, CUDA graphs) and beats this backend's cuBLAS call, which re-lays out the scales
+# (and pads K % 128 != 0) on every call: 1.23x geomean, 36 of 42 shapes at M = 1024-8192.
+BY_SHAPE_FP8: tuple[tuple[int, str], ...] = ((16, "triton"), (64, "cublas"), (INT32_LIMIT, "triton"))
 
 
 def _finish(y: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype, lead: tuple[int, ...]) -> torch.Tensor:

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ import torch
 from quantkit.formats import fp8_block
 from quantkit.kernels import dispatch
 from quantkit.kernels.gemm_block_scaled import Side
-from quantkit.kernels.gemm_fp8_block import FP8_BLOCK_CONFIGS, TILED_LARGE, pick_config, table_config
+from quantkit.kernels.gemm_fp8_block import FP8_BLOCK_CONFIGS, TILED_LARGE, TILED_MID, pick_config, table_config
 from quantkit.kernels.gemm_wgmma import WgmmaConfig, gluon_missing, wgmma_available, why_not
 
 
@@ -48,11 +49,13 @@ def test_why_not_names_each_rule():
     assert why_not(a, w, torch.bfloat16) == wgmma_available(a.q.device).reason
 
 
-def test_table_takes_wgmma_from_m_513_and_falls_back_where_it_cannot_run():
-    assert isinstance(pick_config(FP8_BLOCK_CONFIGS, 513), WgmmaConfig)
-    a, w = sides(1024, 256, 2880)
-    assert table_config(FP8_BLOCK_CONFIGS, a, w) == TILED_LARGE  # CPU operands
-    assert table_config(FP8_BLOCK_CONFIGS, *sides(1024, 256, 200)) == TILED_LARGE.__class__(**{**TILED_LARGE.__dict__, "tma": False})
+def test_table_takes_wgmma_above_the_small_m_kernel_and_falls_back_where_it_cannot_run():
+    assert not isinstance(pick_config(FP8_BLOCK_CONFIGS, 64), WgmmaConfig)
+    assert isinstance(pick_config(FP8_BLOCK_CONFIGS, 65), WgmmaConfig) and isinstance(pick_config(FP8_BLOCK_CONFIGS, 2**20), WgmmaConfig)
+    # CPU operands: the tiled kernel, 64x128 up to M = 512, then 128x128 (TMA only on 16-byte aligned rows)
+    assert table_config(FP8_BLOCK_CONFIGS, *sides(512, 256, 2880)) == TILED_MID
+    assert table_config(FP8_BLOCK_CONFIGS, *sides(513, 256, 2880)) == TILED_LARGE
+    assert table_config(FP8_BLOCK_CONFIGS, *sides(1024, 256, 200)) == replace(TILED_LARGE, tma=False)
 
 
 def test_explicit_config_raises_with_the_rule(gen):

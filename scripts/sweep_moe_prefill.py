@@ -36,6 +36,7 @@ def main() -> None:
     p.add_argument("--peak-tflops", type=float, default=1979.0)
     p.add_argument("--sorted-only", action="store_true", help="only the expert-sorted-row variants")
     p.add_argument("--mx-steps", type=int, nargs="*", default=[], help="MXFP8 sorted rows: also time each variant with these K steps (64, 128)")
+    p.add_argument("--wgmma", action="store_true", help="FP8-block: time the warp-specialised sorted-row kernel's variants instead of VARIANTS")
     args = p.parse_args()
 
     import torch
@@ -44,12 +45,18 @@ def main() -> None:
     t0 = time.time()
     for fmt in args.formats:
         for name in args.models:
-            sweep_one(fmt, MODELS[name], args.tokens, args.peak_tflops, lambda: time.time() - t0 > args.budget_s, args.sorted_only, tuple(args.mx_steps))
+            sweep_one(fmt, MODELS[name], args.tokens, args.peak_tflops, lambda: time.time() - t0 > args.budget_s, args.sorted_only, tuple(args.mx_steps),
+                      args.wgmma)  # fmt: skip
             torch.cuda.empty_cache()
 
 
-def sweep_one(fmt: str, m, t: int, peak: float, out_of_time, sorted_only: bool = False, mx_steps: tuple = ()) -> None:
-    """One model and format: the table's config, then each of VARIANTS while there is time."""
+WGMMA_VARIANTS = ((5, 8), (4, 8), (5, 16), (5, 1))  # (stages, group_m) of the warp-specialised kernel
+
+
+def sweep_one(fmt: str, m, t: int, peak: float, out_of_time, sorted_only: bool = False, mx_steps: tuple = (), wgmma: bool = False) -> None:
+    """One model and format: the table's config, then each of VARIANTS (``wgmma``: of WGMMA_VARIANTS) while there is time."""
+    from dataclasses import replace
+
     import torch
     import triton
     from bench_moe import model_experts, tokens
@@ -72,6 +79,17 @@ def sweep_one(fmt: str, m, t: int, peak: float, out_of_time, sorted_only: bool =
     ref = run(base).float()
     tb = timed(base)
     print(f"== {fmt} {m.name} T={t}: table {base.name()} {tb:.3f} ms {flops / tb / 1e9:.0f} TFLOPS ({flops / tb / 1e9 / peak:.0%} of peak)", flush=True)
+    if wgmma:
+        cands = [MoeConfig(128, 64, 128, num_stages=st, group_m=g, sorted_rows=True, wgmma=True) for st, g in WGMMA_VARIANTS]
+        cands.append(replace(base, wgmma=False) if base.wgmma else MoeConfig(64, 64, 128, num_warps=4, num_stages=4, sorted_rows=True))
+        for cfg in cands:
+            if out_of_time():
+                print("   budget spent", flush=True)
+                return
+            err = ((run(cfg).float() - ref).norm() / ref.norm()).item()
+            tv = timed(cfg)
+            print(f"   {cfg.name():28s} {tv:.3f} ms {flops / tv / 1e9:5.0f} TFLOPS ({flops / tv / 1e9 / peak:.0%}) x{tb / tv:.2f} the table, rel err vs table {err:.1e}", flush=True)
+        return
     steps = (32, *mx_steps) if fmt == "mxfp8" else (32,)
     for v, step in ((v, step) for v in VARIANTS for step in steps):
         if out_of_time():

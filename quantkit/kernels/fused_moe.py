@@ -39,7 +39,7 @@ import triton.language as tl
 
 from . import dispatch
 from .fused_moe_ref import ExpertWeights, MoeSpec, check_moe
-from .fused_moe_sorted import gather_rows, sorted_gemm, sorted_ok
+from .fused_moe_sorted import gather_rows, sorted_gemm, sorted_gemm_wgmma, sorted_ok, wgmma_why_not
 from .gemm_block_scaled import WORKSPACE, split_reduce_pair, tile_coords
 from .group_quant import act_quant_fp8_block, mxfp8_quantize
 from .moe_common import add_bias, moe_activation, moe_mma
@@ -70,11 +70,13 @@ class MoeConfig:
     waves: int = 1
     sorted_rows: bool = False  # rows put in expert order once, dense TMA tiles (:mod:`.fused_moe_sorted`; MX: with upcast)
     mx_step: int = 32  # sorted rows, MX experts: K columns per step (32 / 64 / 128), scales folded into bf16 operands
+    wgmma: bool = False  # sorted rows, FP8-block, 128-row blocks: the warp-specialised Gluon kernel (sm_90), num_stages its ring
 
     def name(self) -> str:
         flags = ("/up" if self.upcast else "") + ("/fq" if self.fuse_quant else "") + (f"/s{self.split_k}" if self.split_k else "")
         flags += "/sorted" if self.sorted_rows else ""
         flags += f"/k{self.mx_step}" if self.mx_step != 32 else ""
+        flags += "/wgmma" if self.wgmma else ""
         return f"{self.block_m}x{self.block_n1}/{self.block_n2}/w{self.num_warps}/st{self.num_stages}{flags}"
 
 
@@ -93,10 +95,14 @@ MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
     (8, MoeConfig(16, 64, 64, num_warps=4, num_stages=4)),  # GPT-OSS-120B T=128: 0.871 ms vs 1.019 (16x32/32)
     (48, MoeConfig(32, 64, 64, num_warps=4, num_stages=4)),
     (160, MoeConfig(64, 64, 128, num_warps=4, num_stages=3)),
-    # 8192-token prefill, fp8-block: expert-sorted rows through TMA, 1.30x (GPT-OSS-120B) / 1.11x
-    # (DeepSeek-V3) the same tiles on gathered rows, which were 1.13x / 1.11x the 128x64/128 w8 ones
-    (float("inf"), MoeConfig(64, 64, 128, num_warps=4, num_stages=4, sorted_rows=True)),
+    # 8192-token prefill, fp8-block: expert-sorted rows through TMA on the warp-specialised Gluon
+    # kernel (128-row blocks; seventh pass: 1.02x GPT-OSS-120B, 1.08x DeepSeek-V3, same bytes as
+    # PREFILL_TILED, which runs where it cannot)
+    (float("inf"), MoeConfig(128, 64, 128, num_stages=5, sorted_rows=True, wgmma=True)),
 )
+# Triton sorted-row tiles: 1.30x (GPT-OSS-120B) / 1.11x (DeepSeek-V3) the same tiles on gathered
+# rows, which were 1.13x / 1.11x the 128x64/128 w8 ones
+PREFILL_TILED = MoeConfig(64, 64, 128, num_warps=4, num_stages=4, sorted_rows=True)
 
 
 # MXFP8 experts past the table's last limit (H200, 8192 tokens): bf16 operands (upcast) on
@@ -329,6 +335,11 @@ def fused_moe(
     k = topk_ids.shape[1]
     n = t * k
     cfg = config or pick_moe_config(n, e, w13.fmt, spec.interleaved)
+    if cfg.wgmma:
+        why = wgmma_why_not(w13, w2, spec, cfg.block_m, x.device)
+        if why is not None and config is not None:
+            raise ValueError(f"fused_moe {cfg.name()}: {why}")
+        cfg = cfg if why is None else PREFILL_TILED
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)  # [T, H]
     if n == 0:
         return out
@@ -361,6 +372,11 @@ def _experts_sorted(x, w13, w2, spec, al, k, cfg, y) -> None:
     n, inter = y.shape[0], w2.q.shape[2]
     a, sa = gather_rows(*_quant(x, w13.fmt, spec), al, n, k)  # [cap, H] in sorted order
     mid = torch.empty((al.sorted_ids.shape[0], inter), dtype=x.dtype, device=x.device)  # [cap, I], sorted order
+    if cfg.wgmma:  # fused_moe checked wgmma_why_not
+        sorted_gemm_wgmma(a, sa, w13, mid, al, n, spec, True, ACT_CODES[spec.activation], cfg.num_stages, cfg.group_m)
+        mq, ms = _quant(mid, w13.fmt, spec)
+        sorted_gemm_wgmma(mq, ms, w2, y, al, n, spec, False, 0, cfg.num_stages, cfg.group_m)
+        return
     launch = (cfg.num_warps, cfg.num_stages, cfg.group_m, cfg.mx_step)
     sorted_gemm(a, sa, w13, mid, al, n, spec, True, cfg.block_n1, ACT_CODES[spec.activation], *launch)
     mq, ms = _quant(mid, w13.fmt, spec)

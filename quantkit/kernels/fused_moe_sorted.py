@@ -37,7 +37,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..formats import mxfp8
 from .fused_moe_ref import ExpertWeights, MoeSpec
-from .gemm_block_scaled import tile_coords
+from .gemm_block_scaled import WORKSPACE, tile_coords
 from .moe_common import add_bias, moe_activation, moe_mma
 from .moe_routing import Alignment
 from .triton_numerics import bf16_round, e8m0_decode, interpreted, times_group_scales
@@ -181,4 +181,57 @@ def sorted_gemm(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: torch.
         sa.stride(0), ws.stride(0), ws.stride(1), bias.stride(0), out.stride(0), k // mxfp8.BLOCK,
         MX=mx, SUB_K=sub_k, UP_DTYPE=tl.float32 if interpreted() else tl.bfloat16, GATED=gated, PAIRED=interleaved, W_ROWS=rows, ACT=act, ROUND=out.dtype == torch.bfloat16, HAS_BIAS=w.bias is not None,
         SCATTER=not gated, BLOCK_M=bm, BLOCK_N=block_n, GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+
+
+WGMMA_BLOCK_M = 128  # the warp-specialised kernel's expert blocks: two 64-row consumer warpgroups
+
+
+def wgmma_why_not(w13: ExpertWeights, w2: ExpertWeights, spec: MoeSpec, block_m: int, device: torch.device) -> str | None:
+    """None when :func:`sorted_gemm_wgmma` takes both GEMMs, else the rule these experts break:
+    FP8-block experts with F32 scales, 128-row expert blocks, the sorted-row rules of
+    :func:`sorted_ok` for 64 intermediate columns per GEMM-1 tile and 128 per GEMM-2 tile
+    (every weight tile under one scale block; 16-byte rows for TMA), and a device the Gluon
+    kernel runs on (:func:`.gemm_wgmma.wgmma_available`)."""
+    from .gemm_wgmma import wgmma_available
+
+    if w13.fmt != "fp8-block" or w2.fmt != "fp8-block":
+        return f"FP8-block experts only, got {w13.fmt} / {w2.fmt}"
+    if block_m != WGMMA_BLOCK_M:
+        return f"{WGMMA_BLOCK_M}-row expert blocks only, got {block_m}"
+    if w13.scale.dtype != torch.float32 or w2.scale.dtype != torch.float32:
+        return f"F32 weight scales only, got {w13.scale.dtype} / {w2.scale.dtype}"
+    if not sorted_ok(w13, w2, spec, 64, 128):
+        return "the sorted-row rules (fused_moe_sorted.sorted_ok: one weight-scale block per tile, 16-byte rows, contiguous weights)"
+    avail = wgmma_available(device)
+    return None if avail.ok else avail.reason
+
+
+def sorted_gemm_wgmma(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: torch.Tensor, al: Alignment, n_slots: int,
+                      spec: MoeSpec, gated: bool, act: int, stages: int, group_m: int) -> None:  # fmt: skip
+    """:func:`sorted_gemm` (FP8-block) on the warp-specialised Gluon kernel
+    (:func:`.gemm_wgmma_gluon.moe_gemm_ws`): 128-row expert blocks, 128 weight rows per tile
+    (gated: 64 intermediate columns, interleaved or as two 64-row halves), same products and
+    epilogue; :func:`wgmma_why_not` must have passed."""
+    from . import gemm_wgmma
+
+    e, nw, k = w.q.shape
+    n_out = nw // 2 if gated else nw
+    halves = gated and not spec.interleaved
+    cap = al.sorted_ids.shape[0]
+    assert al.block_m == WGMMA_BLOCK_M, f"{WGMMA_BLOCK_M}-row expert blocks, got {al.block_m}"
+    assert sa.dtype == torch.float32 and sa.stride(1) == 1, f"F32 activation scales with contiguous columns, got {sa.dtype} {sa.stride()}"
+    bn_out = 64 if gated else 128
+    a_desc = gemm_wgmma._descriptor(a, WGMMA_BLOCK_M, BLOCK_K)
+    w_desc = gemm_wgmma._descriptor(w.q.view(e * nw, k), 64 if halves else 128, BLOCK_K)  # expert e's rows start at e * nw
+    bias = w.bias if w.bias is not None else out
+    ws = w.scale
+    tiles = triton.cdiv(cap, WGMMA_BLOCK_M) * triton.cdiv(n_out, bn_out)
+    grid = (min(tiles, WORKSPACE.sm_count(out.device)),)
+    gemm_wgmma._kernels().moe_gemm_ws[grid](
+        a_desc, w_desc, sa, ws, bias, out, al.sorted_ids, al.expert_ids, al.num_padded, n_slots, cap, n_out, nw, k,
+        n_out if halves else 0, spec.alpha, spec.limit, sa.stride(0), ws.stride(0), ws.stride(1), ws.stride(2), bias.stride(0), out.stride(0),
+        BM=WGMMA_BLOCK_M, BN_OUT=bn_out, BK=BLOCK_K, STAGES=stages, UNROLL=2 if halves else 4, GROUP=group_m,
+        REGS=232, LOADER_REGS=gemm_wgmma.LOADER_REGS, GATED=gated, HALVES=halves, HAS_BIAS=w.bias is not None,
+        ROUND=out.dtype == torch.bfloat16, ACT=act, num_warps=4,
     )  # fmt: skip

@@ -224,3 +224,223 @@ def fp8_block_gemm_ws(
                      scm, n_k, 1, BM, BN, STAGES, UNROLL, GROUP, HAS_BIAS, TMA_STORE)),
         (_loader, (a_desc, w_desc, a_smem, w_smem, ready, empty, M, N, n_k, BM, BN, BK, STAGES, GROUP)),
     ], [4, 1], [REGS, LOADER_REGS])  # fmt: skip
+
+
+# ---- fused MoE on expert-sorted rows (fused_moe_sorted.sorted_gemm_wgmma) ----------------------------------------------
+# The same pipeline over a grouped GEMM: the rows of each 128-row block belong to one expert (its weight rows are
+# e * N_W + ...), blocks past num_padded are skipped by every partition alike.  GEMM 1 (GATED) pairs gate and up in the
+# epilogue: interleaved rows (PAIRED: accumulator columns 2j, 2j + 1) or concatenated halves (two 64-row weight tiles,
+# two accumulators, HALVES); GEMM 2 scatters row r to slot sorted_ids[r].
+
+
+@gluon.jit
+def _bf16(x, ROUND: gl.constexpr):
+    """float32 -> nearest bfloat16 -> float32 (the torch op's rounding), identity unless ROUND."""
+    if ROUND:
+        return x.to(gl.bfloat16).to(gl.float32)
+    else:
+        return x
+
+
+@gluon.jit
+def _moe_act(g, u, ACT: gl.constexpr, alpha, limit, ROUND: gl.constexpr):
+    """moe_common.moe_activation: silu(g) * u, or GPT-OSS's clamped (u + 1) * g * sigmoid(alpha * g)."""
+    if ACT == 0:
+        s = _bf16(gl.div_rn(g, 1.0 + gl.exp(-g)), ROUND)
+        return _bf16(s * u, ROUND)
+    else:
+        g = gl.minimum(g, limit)
+        u = gl.minimum(gl.maximum(u, -limit), limit)
+        sig = _bf16(gl.div_rn(gl.full_like(g, 1.0), 1.0 + gl.exp(-_bf16(g * alpha, ROUND))), ROUND)
+        return _bf16(_bf16(u + 1.0, ROUND) * _bf16(g * sig, ROUND), ROUND)
+
+
+@gluon.jit
+def _moe_loader(a_desc, w_desc, a_smem, w_smem, ready, empty, expert_ptr, npad_ptr, CAP, N_OUT, N_W, up_off, n_k,
+                BM: gl.constexpr, BN_OUT: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
+                HALVES: gl.constexpr):  # fmt: skip
+    n_m = gl.cdiv(CAP, BM)
+    n_n = gl.cdiv(N_OUT, BN_OUT)
+    npad = gl.load(npad_ptr)
+    nbytes: gl.constexpr = (BM + 128) * BK
+    c = 0
+    for t in range(gl.program_id(0), n_m * n_n, gl.num_programs(0)):
+        pm, pn = _tile(t, n_m, n_n, GROUP)
+        if pm * BM < npad:
+            wrow = gl.load(expert_ptr + pm) * N_W
+            for k in range(n_k):
+                s = c % STAGES
+                mbarrier.wait(empty.index(s), ((c // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), nbytes)
+                _tma_load(a_desc, [pm * BM, k * BK], ready.index(s), a_smem.index(s))
+                if HALVES:  # gate rows n0.., up rows up_off + n0.. into the two halves of the stage
+                    _tma_load(w_desc, [wrow + pn * BN_OUT, k * BK], ready.index(s), w_smem.index(s).slice(0, 64))
+                    _tma_load(w_desc, [wrow + up_off + pn * BN_OUT, k * BK], ready.index(s), w_smem.index(s).slice(64, 64))
+                else:
+                    _tma_load(w_desc, [wrow + pn * 128, k * BK], ready.index(s), w_smem.index(s))
+                c += 1
+
+
+@gluon.jit
+def _moe_issue(a_smem, w_smem, ready, c, zero, HALF: gl.constexpr, HM: gl.constexpr, STAGES: gl.constexpr, HALVES: gl.constexpr):
+    """This warpgroup's wgmma(s) of the c-th stage: one over the 128 weight rows, or (HALVES) one per 64-row half."""
+    s = c % STAGES
+    mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+    a = a_smem.index(s).slice(HALF * HM, HM)
+    if HALVES:
+        d_g = warpgroup_mma(a, w_smem.index(s).slice(0, 64).permute((1, 0)), zero, use_acc=False, is_async=True)
+        d_u = warpgroup_mma(a, w_smem.index(s).slice(64, 64).permute((1, 0)), zero, use_acc=False, is_async=True)
+        return d_g, d_u
+    else:
+        d = warpgroup_mma(a, w_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+        return d, d
+
+
+@gluon.jit
+def _moe_consumer(a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ptr, npad_ptr, n_slots,
+                  CAP, N_OUT, N_W, K, up_off, alpha, limit, sasm, swse, swsn, swsk, sbe, som, n_k,
+                  HALF: gl.constexpr, BM: gl.constexpr, BN_OUT: gl.constexpr, STAGES: gl.constexpr, UNROLL: gl.constexpr,
+                  GROUP: gl.constexpr, GATED: gl.constexpr, HALVES: gl.constexpr, HAS_BIAS: gl.constexpr, ROUND: gl.constexpr,
+                  ACT: gl.constexpr):  # fmt: skip
+    HM: gl.constexpr = BM // 2
+    WN: gl.constexpr = 64 if HALVES else 128  # weight rows per wgmma
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, WN, 32])
+    row_l: gl.constexpr = gl.SliceLayout(1, mma)
+    col_l: gl.constexpr = gl.SliceLayout(0, mma)
+    n_m = gl.cdiv(CAP, BM)
+    n_n = gl.cdiv(N_OUT, BN_OUT)
+    npad = gl.load(npad_ptr)
+    zero = gl.zeros([HM, WN], gl.float32, mma)
+    n_main = n_k - n_k % UNROLL
+    kcol = gl.arange(0, UNROLL, layout=col_l)
+    kmax = gl.cdiv(K, BK_SCALE) - 1
+    NW: gl.constexpr = 2 if HALVES else 1  # wgmma groups per block
+    c = 0
+    for t in range(gl.program_id(0), n_m * n_n, gl.num_programs(0)):
+        pm, pn = _tile(t, n_m, n_n, GROUP)
+        if pm * BM < npad:
+            e = gl.load(expert_ptr + pm).to(gl.int64)
+            row0 = pm * BM + HALF * HM
+            a_sc = as_ptr + (row0 + gl.arange(0, HM, layout=row_l)) * sasm
+            if HALVES:
+                wg_sc = ws_ptr + e * swse + ((pn * BN_OUT) // BK_SCALE) * swsn
+                wu_sc = ws_ptr + e * swse + ((up_off + pn * BN_OUT) // BK_SCALE) * swsn
+            else:
+                wg_sc = ws_ptr + e * swse + pn * swsn  # 128 weight rows: scale row pn
+                wu_sc = wg_sc
+            acc_g = gl.zeros([HM, WN], gl.float32, mma)
+            acc_u = gl.zeros([HM, WN], gl.float32, mma)
+            kn = gl.minimum(kcol, kmax)
+            sa = gl.load(a_sc[:, None] + kn[None, :])
+            scg = sa * gl.load(wg_sc + kn * swsk)[None, :]
+            scu = sa * gl.load(wu_sc + kn * swsk)[None, :]
+            for k0 in range(0, n_main, UNROLL):
+                kn = gl.minimum(k0 + UNROLL + kcol, kmax)
+                sa_n = gl.load(a_sc[:, None] + kn[None, :])
+                swg_n = gl.load(wg_sc + kn * swsk)
+                swu_n = gl.load(wu_sc + kn * swsk)
+                dg_p, du_p = _moe_issue(a_smem, w_smem, ready, c, zero, HALF, HM, STAGES, HALVES)
+                for u in gl.static_range(1, UNROLL):
+                    dg_c, du_c = _moe_issue(a_smem, w_smem, ready, c + u, zero, HALF, HM, STAGES, HALVES)
+                    if HALVES:
+                        rg, ru, acc_g, acc_u = warpgroup_mma_wait(num_outstanding=NW, deps=(dg_p, du_p, acc_g, acc_u))
+                        acc_u += ru * _column(scu, u - 1, kcol)[:, None]
+                    else:
+                        rg, acc_g = warpgroup_mma_wait(num_outstanding=NW, deps=(dg_p, acc_g))
+                    mbarrier.arrive(empty.index((c + u - 1) % STAGES), count=1)
+                    acc_g += rg * _column(scg, u - 1, kcol)[:, None]
+                    dg_p = dg_c
+                    du_p = du_c
+                if HALVES:
+                    rg, ru, acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(dg_p, du_p, acc_g, acc_u))
+                    acc_u += ru * _column(scu, UNROLL - 1, kcol)[:, None]
+                else:
+                    rg, acc_g = warpgroup_mma_wait(num_outstanding=0, deps=(dg_p, acc_g))
+                mbarrier.arrive(empty.index((c + UNROLL - 1) % STAGES), count=1)
+                acc_g += rg * _column(scg, UNROLL - 1, kcol)[:, None]
+                scg = sa_n * swg_n[None, :]
+                scu = sa_n * swu_n[None, :]
+                c += UNROLL
+            for k in range(n_main, n_k):
+                dg_p, du_p = _moe_issue(a_smem, w_smem, ready, c, zero, HALF, HM, STAGES, HALVES)
+                sak = gl.load(a_sc + k)
+                if HALVES:
+                    rg, ru = warpgroup_mma_wait(num_outstanding=0, deps=(dg_p, du_p))
+                    acc_u += ru * (sak * gl.load(wu_sc + k * swsk))[:, None]
+                else:
+                    rg = warpgroup_mma_wait(num_outstanding=0, deps=(dg_p,))
+                mbarrier.arrive(empty.index(c % STAGES), count=1)
+                acc_g += rg * (sak * gl.load(wg_sc + k * swsk))[:, None]
+                c += 1
+            _moe_epilogue(acc_g, acc_u, bias_ptr, out_ptr, sorted_ptr, e, row0, pn, n_slots, CAP, N_OUT, up_off, alpha, limit,
+                          sbe, som, HM, BN_OUT, GATED, HALVES, HAS_BIAS, ROUND, ACT)  # fmt: skip
+
+
+@gluon.jit
+def _moe_epilogue(acc_g, acc_u, bias_ptr, out_ptr, sorted_ptr, e, row0, pn, n_slots, CAP, N_OUT, up_off, alpha, limit, sbe, som,
+                  HM: gl.constexpr, BN_OUT: gl.constexpr, GATED: gl.constexpr, HALVES: gl.constexpr, HAS_BIAS: gl.constexpr,
+                  ROUND: gl.constexpr, ACT: gl.constexpr):  # fmt: skip
+    """Bias, x.dtype rounding and the activation (GATED), then the store: sorted rows [CAP, N_OUT] (GATED) or each row to
+    its slot (GEMM 2)."""
+    if GATED:
+        if HALVES:
+            g = acc_g
+            u = acc_u
+        else:  # interleaved gate/up: accumulator columns 2j, 2j + 1
+            g, u = gl.split(gl.reshape(acc_g, [HM, BN_OUT, 2]))
+    else:
+        g = acc_g
+        u = acc_g
+    lay: gl.constexpr = g.type.layout
+    cols = pn * BN_OUT + gl.arange(0, BN_OUT, layout=gl.SliceLayout(0, lay))
+    rows = row0 + gl.arange(0, HM, layout=gl.SliceLayout(1, lay))
+    col_ok = cols < N_OUT
+    bias_e = bias_ptr + e * sbe
+    if GATED:
+        if HALVES:
+            row_g = cols
+            row_u = cols + up_off
+        else:
+            row_g = 2 * cols
+            row_u = row_g + 1
+        if HAS_BIAS:
+            g += gl.load(bias_e + row_g, mask=col_ok, other=0.0).to(gl.float32)[None, :]
+            u += gl.load(bias_e + row_u, mask=col_ok, other=0.0).to(gl.float32)[None, :]
+        h = _moe_act(_bf16(g, ROUND), _bf16(u, ROUND), ACT, alpha, limit, ROUND)
+        ok = rows < CAP
+        out_rows = rows.to(gl.int64)
+    else:
+        if HAS_BIAS:
+            g += gl.load(bias_e + cols, mask=col_ok, other=0.0).to(gl.float32)[None, :]
+        h = _bf16(g, ROUND)
+        slot = gl.load(sorted_ptr + rows)
+        ok = slot < n_slots
+        out_rows = gl.where(ok, slot, 0).to(gl.int64)
+    mask = ok[:, None] & col_ok[None, :]
+    gl.store(out_ptr + out_rows[:, None] * som + cols[None, :], h.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def moe_gemm_ws(a_desc, w_desc, as_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ptr, npad_ptr, n_slots, CAP, N_OUT, N_W, K,
+                up_off, alpha, limit, sasm, swse, swsn, swsk, sbe, som,
+                BM: gl.constexpr, BN_OUT: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, UNROLL: gl.constexpr,
+                GROUP: gl.constexpr, REGS: gl.constexpr, LOADER_REGS: gl.constexpr, GATED: gl.constexpr, HALVES: gl.constexpr,
+                HAS_BIAS: gl.constexpr, ROUND: gl.constexpr, ACT: gl.constexpr):  # fmt: skip
+    a_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, BK], a_desc.layout)
+    w_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, 128, BK], a_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    n_k = gl.cdiv(K, BK)
+    gl.warp_specialize([
+        (_moe_consumer, (a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ptr, npad_ptr, n_slots,
+                         CAP, N_OUT, N_W, K, up_off, alpha, limit, sasm, swse, swsn, swsk, sbe, som, n_k,
+                         0, BM, BN_OUT, STAGES, UNROLL, GROUP, GATED, HALVES, HAS_BIAS, ROUND, ACT)),
+        (_moe_consumer, (a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ptr, npad_ptr, n_slots,
+                         CAP, N_OUT, N_W, K, up_off, alpha, limit, sasm, swse, swsn, swsk, sbe, som, n_k,
+                         1, BM, BN_OUT, STAGES, UNROLL, GROUP, GATED, HALVES, HAS_BIAS, ROUND, ACT)),
+        (_moe_loader, (a_desc, w_desc, a_smem, w_smem, ready, empty, expert_ptr, npad_ptr, CAP, N_OUT, N_W, up_off, n_k, BM, BN_OUT,
+                       BK, STAGES, GROUP, HALVES)),
+    ], [4, 1], [REGS, LOADER_REGS])  # fmt: skip

@@ -352,6 +352,30 @@ def test_sorted_rows_only_where_scales_are_uniform_per_tile(triton_device, gen):
     assert_moe_close(out, fused_moe_ref(x, w, ids, w13, w2, SILU), "fallback to gathered rows", 5e-3)
 
 
+def test_wgmma_rules_and_fallback(triton_device, gen, monkeypatch):
+    """The warp-specialised sorted-row kernel: which experts it takes (each refusal names its
+    rule), an explicit config it cannot run raises, the table's falls back to PREFILL_TILED."""
+    from quantkit.kernels import fused_moe as fm
+    from quantkit.kernels.fused_moe_sorted import wgmma_why_not
+
+    w13, w2 = experts("fp8-block", 2, 256, 128, gen, bias=True), experts("fp8-block", 2, 128, 128, gen, bias=True)
+    mx13, mx2 = experts("mxfp8", 2, 256, 128, gen, bias=True), experts("mxfp8", 2, 128, 128, gen, bias=True)
+    odd13, odd2 = experts("fp8-block", 2, 2 * 96, 160, gen, bias=True), experts("fp8-block", 2, 160, 96, gen, bias=False)
+    cpu = torch.device("cpu")
+    assert "FP8-block experts only" in wgmma_why_not(mx13, mx2, GPT_OSS, 128, cpu)
+    assert "128-row expert blocks" in wgmma_why_not(w13, w2, GPT_OSS, 64, cpu)
+    assert "sorted-row rules" in wgmma_why_not(odd13, odd2, SILU, 128, cpu)  # concatenated gate/up, I = 96
+    assert wgmma_why_not(w13, w2, GPT_OSS, 128, cpu) in ("Gluon kernels do not run in Triton's CPU interpreter", "wgmma needs an NVIDIA GPU, got cpu")
+    wg = MoeConfig(128, 64, 128, num_stages=5, sorted_rows=True, wgmma=True)
+    assert wg.name().endswith("/sorted/wgmma")
+    x = torch.randn(40, 128, generator=gen).to(torch.bfloat16)
+    w, ids = routed(40, 2, 2, gen)
+    with pytest.raises(ValueError, match=r"fused_moe 128x64/128/w4/st5/sorted/wgmma: .*(interpreter|NVIDIA GPU)"):
+        run_triton(x, w, ids, w13, w2, GPT_OSS, triton_device, wg)
+    monkeypatch.setattr(fm, "pick_moe_config", lambda *a, **k: wg)
+    assert torch.equal(run_triton(x, w, ids, w13, w2, GPT_OSS, triton_device), run_triton(x, w, ids, w13, w2, GPT_OSS, triton_device, fm.PREFILL_TILED))
+
+
 def test_split_k_is_used_and_deterministic(triton_device, gen):
     """Few tokens: the auto split spreads K over programs (moe_split > 1), and the in-order
     reduction gives the same bytes on every run."""
@@ -495,6 +519,7 @@ def test_gpu_sorted_rows(fmt, spec, h, inter):
     ref = fused_moe_ref(x, w, ids, w13, w2, spec)
     cfgs = [MoeConfig(128, 64, 128, num_warps=8, num_stages=3, upcast=up, sorted_rows=True), MoeConfig(64, 64, 128, num_warps=4, num_stages=4, upcast=up, sorted_rows=True)]
     cfgs += [replace(cfgs[1], mx_step=64), replace(cfgs[1], mx_step=128)] if up else []  # MX steps folding 2 / 4 scales per row
+    cfgs += [] if up else [MoeConfig(128, 64, 128, num_stages=5, sorted_rows=True, wgmma=True)]  # the warp-specialised kernel (last: graph-replayed)
     for cfg in cfgs:
         assert sorted_ok(w13, w2, spec, cfg.block_n1, cfg.block_n2, cfg.upcast)
         out = run_triton(x, w, ids, w13, w2, spec, "cuda", cfg)

@@ -50,7 +50,7 @@ def main() -> None:
             torch.cuda.empty_cache()
 
 
-WGMMA_VARIANTS = ((5, 8), (4, 8), (5, 16), (5, 1))  # (stages, group_m) of the warp-specialised kernel
+WGMMA_VARIANTS = ((128, 5, 8), (64, 5, 8), (64, 4, 8), (64, 5, 16))  # (block_m, stages, group_m) of the warp-specialised kernel
 
 
 def sweep_one(fmt: str, m, t: int, peak: float, out_of_time, sorted_only: bool = False, mx_steps: tuple = (), wgmma: bool = False) -> None:
@@ -80,7 +80,7 @@ def sweep_one(fmt: str, m, t: int, peak: float, out_of_time, sorted_only: bool =
     tb = timed(base)
     print(f"== {fmt} {m.name} T={t}: table {base.name()} {tb:.3f} ms {flops / tb / 1e9:.0f} TFLOPS ({flops / tb / 1e9 / peak:.0%} of peak)", flush=True)
     if wgmma:
-        cands = [MoeConfig(128, 64, 128, num_stages=st, group_m=g, sorted_rows=True, wgmma=True) for st, g in WGMMA_VARIANTS]
+        cands = [MoeConfig(bm, 64, 128, num_stages=st, group_m=g, sorted_rows=True, wgmma=True) for bm, st, g in WGMMA_VARIANTS]
         cands.append(replace(base, wgmma=False) if base.wgmma else MoeConfig(64, 64, 128, num_warps=4, num_stages=4, sorted_rows=True))
         for cfg in cands:
             if out_of_time():

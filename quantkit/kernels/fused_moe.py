@@ -96,9 +96,11 @@ MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
     (48, MoeConfig(32, 64, 64, num_warps=4, num_stages=4)),
     (160, MoeConfig(64, 64, 128, num_warps=4, num_stages=3)),
     # 8192-token prefill, fp8-block: expert-sorted rows through TMA on the warp-specialised Gluon
-    # kernel (128-row blocks; seventh pass: 1.02x GPT-OSS-120B, 1.08x DeepSeek-V3, same bytes as
-    # PREFILL_TILED, which runs where it cannot)
-    (float("inf"), MoeConfig(128, 64, 128, num_stages=5, sorted_rows=True, wgmma=True)),
+    # kernel, 64-row expert blocks (both warpgroups on every row, 256 weight rows per tile), 4
+    # stages (seventh pass: 2.97 / 8.64 ms against PREFILL_TILED's 3.21 / 10.20 on GPT-OSS-120B /
+    # DeepSeek-V3, 128-row blocks 3.05-3.13 / 9.18-9.47; the same output bytes; PREFILL_TILED runs
+    # where it cannot)
+    (float("inf"), MoeConfig(64, 64, 128, num_stages=4, sorted_rows=True, wgmma=True)),
 )
 # Triton sorted-row tiles: 1.30x (GPT-OSS-120B) / 1.11x (DeepSeek-V3) the same tiles on gathered
 # rows, which were 1.13x / 1.11x the 128x64/128 w8 ones

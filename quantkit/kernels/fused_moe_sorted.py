@@ -184,7 +184,7 @@ def sorted_gemm(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: torch.
     )  # fmt: skip
 
 
-WGMMA_BLOCK_M = 128  # the warp-specialised kernel's expert blocks: two 64-row consumer warpgroups
+WGMMA_BLOCK_MS = (64, 128)  # the warp-specialised kernel's expert blocks (64: both warpgroups on every row, split N)
 
 
 def wgmma_why_not(w13: ExpertWeights, w2: ExpertWeights, spec: MoeSpec, block_m: int, device: torch.device) -> str | None:
@@ -197,8 +197,8 @@ def wgmma_why_not(w13: ExpertWeights, w2: ExpertWeights, spec: MoeSpec, block_m:
 
     if w13.fmt != "fp8-block" or w2.fmt != "fp8-block":
         return f"FP8-block experts only, got {w13.fmt} / {w2.fmt}"
-    if block_m != WGMMA_BLOCK_M:
-        return f"{WGMMA_BLOCK_M}-row expert blocks only, got {block_m}"
+    if block_m not in WGMMA_BLOCK_MS:
+        return f"expert blocks of {' or '.join(map(str, WGMMA_BLOCK_MS))} rows only, got {block_m}"
     if w13.scale.dtype != torch.float32 or w2.scale.dtype != torch.float32:
         return f"F32 weight scales only, got {w13.scale.dtype} / {w2.scale.dtype}"
     if not sorted_ok(w13, w2, spec, 64, 128):
@@ -210,28 +210,31 @@ def wgmma_why_not(w13: ExpertWeights, w2: ExpertWeights, spec: MoeSpec, block_m:
 def sorted_gemm_wgmma(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: torch.Tensor, al: Alignment, n_slots: int,
                       spec: MoeSpec, gated: bool, act: int, stages: int, group_m: int) -> None:  # fmt: skip
     """:func:`sorted_gemm` (FP8-block) on the warp-specialised Gluon kernel
-    (:func:`.gemm_wgmma_gluon.moe_gemm_ws`): 128-row expert blocks, 128 weight rows per tile
-    (gated: 64 intermediate columns, interleaved or as two 64-row halves), same products and
-    epilogue; :func:`wgmma_why_not` must have passed."""
+    (:func:`.gemm_wgmma_gluon.moe_gemm_ws`), same products and epilogue: 128-row expert blocks,
+    each consumer warpgroup 64 rows against 128 weight rows, or 64-row blocks (half the padding),
+    both warpgroups on every row, each against its own 128 of 256 weight rows (gated: 64
+    intermediate columns per warpgroup, interleaved or as 64-row gate and up pieces);
+    :func:`wgmma_why_not` must have passed."""
     from . import gemm_wgmma
 
     e, nw, k = w.q.shape
     n_out = nw // 2 if gated else nw
     halves = gated and not spec.interleaved
-    cap = al.sorted_ids.shape[0]
-    assert al.block_m == WGMMA_BLOCK_M, f"{WGMMA_BLOCK_M}-row expert blocks, got {al.block_m}"
+    cap, bm = al.sorted_ids.shape[0], al.block_m
+    assert bm in WGMMA_BLOCK_MS, f"expert blocks of {WGMMA_BLOCK_MS} rows, got {bm}"
     assert sa.dtype == torch.float32 and sa.stride(1) == 1, f"F32 activation scales with contiguous columns, got {sa.dtype} {sa.stride()}"
-    bn_out = 64 if gated else 128
-    a_desc = gemm_wgmma._descriptor(a, WGMMA_BLOCK_M, BLOCK_K)
-    w_desc = gemm_wgmma._descriptor(w.q.view(e * nw, k), 64 if halves else 128, BLOCK_K)  # expert e's rows start at e * nw
+    split = bm == 64
+    bn_wg = 64 if gated else 128
+    a_desc = gemm_wgmma._descriptor(a, bm, BLOCK_K)
+    w_desc = gemm_wgmma._descriptor(w.q.view(e * nw, k), 64 if halves else 256 if split else 128, BLOCK_K)  # expert e's rows start at e * nw
     bias = w.bias if w.bias is not None else out
     ws = w.scale
-    tiles = triton.cdiv(cap, WGMMA_BLOCK_M) * triton.cdiv(n_out, bn_out)
+    tiles = triton.cdiv(cap, bm) * triton.cdiv(n_out, bn_wg * (2 if split else 1))
     grid = (min(tiles, WORKSPACE.sm_count(out.device)),)
     gemm_wgmma._kernels().moe_gemm_ws[grid](
         a_desc, w_desc, sa, ws, bias, out, al.sorted_ids, al.expert_ids, al.num_padded, n_slots, cap, n_out, nw, k,
         n_out if halves else 0, spec.alpha, spec.limit, sa.stride(0), ws.stride(0), ws.stride(1), ws.stride(2), bias.stride(0), out.stride(0),
-        BM=WGMMA_BLOCK_M, BN_OUT=bn_out, BK=BLOCK_K, STAGES=stages, UNROLL=2 if halves else 4, GROUP=group_m,
+        BM=bm, BN_WG=bn_wg, BK=BLOCK_K, STAGES=stages, UNROLL=2 if halves else 4, GROUP=group_m,
         REGS=232, LOADER_REGS=gemm_wgmma.LOADER_REGS, GATED=gated, HALVES=halves, HAS_BIAS=w.bias is not None,
-        ROUND=out.dtype == torch.bfloat16, ACT=act, num_warps=4,
+        ROUND=out.dtype == torch.bfloat16, ACT=act, SPLIT_N=split, num_warps=4,
     )  # fmt: skip

@@ -257,12 +257,16 @@ def _moe_act(g, u, ACT: gl.constexpr, alpha, limit, ROUND: gl.constexpr):
 
 @gluon.jit
 def _moe_loader(a_desc, w_desc, a_smem, w_smem, ready, empty, expert_ptr, npad_ptr, CAP, N_OUT, N_W, up_off, n_k,
-                BM: gl.constexpr, BN_OUT: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
-                HALVES: gl.constexpr):  # fmt: skip
+                BM: gl.constexpr, BN_WG: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
+                HALVES: gl.constexpr, SPLIT_N: gl.constexpr):  # fmt: skip
+    """Per stage: the block's [BM, BK] activation rows and the 128 (SPLIT_N: 256) weight rows of its tile; concatenated
+    gate/up (HALVES) as 64-row gate and up pieces, each warpgroup's pair side by side."""
+    NWG: gl.constexpr = 2 if SPLIT_N else 1  # warpgroups with their own weight rows
+    BN_TILE: gl.constexpr = BN_WG * NWG
     n_m = gl.cdiv(CAP, BM)
-    n_n = gl.cdiv(N_OUT, BN_OUT)
+    n_n = gl.cdiv(N_OUT, BN_TILE)
     npad = gl.load(npad_ptr)
-    nbytes: gl.constexpr = (BM + 128) * BK
+    nbytes: gl.constexpr = (BM + 128 * NWG) * BK
     c = 0
     for t in range(gl.program_id(0), n_m * n_n, gl.num_programs(0)):
         pm, pn = _tile(t, n_m, n_n, GROUP)
@@ -273,42 +277,52 @@ def _moe_loader(a_desc, w_desc, a_smem, w_smem, ready, empty, expert_ptr, npad_p
                 mbarrier.wait(empty.index(s), ((c // STAGES) & 1) ^ 1)
                 mbarrier.expect(ready.index(s), nbytes)
                 _tma_load(a_desc, [pm * BM, k * BK], ready.index(s), a_smem.index(s))
-                if HALVES:  # gate rows n0.., up rows up_off + n0.. into the two halves of the stage
-                    _tma_load(w_desc, [wrow + pn * BN_OUT, k * BK], ready.index(s), w_smem.index(s).slice(0, 64))
-                    _tma_load(w_desc, [wrow + up_off + pn * BN_OUT, k * BK], ready.index(s), w_smem.index(s).slice(64, 64))
-                else:
-                    _tma_load(w_desc, [wrow + pn * 128, k * BK], ready.index(s), w_smem.index(s))
+                if HALVES:  # gate rows n0.., up rows up_off + n0.. of each warpgroup's 64 columns
+                    for h in gl.static_range(NWG):
+                        n0 = pn * BN_TILE + h * BN_WG
+                        _tma_load(w_desc, [wrow + n0, k * BK], ready.index(s), w_smem.index(s).slice(h * 128, 64))
+                        _tma_load(w_desc, [wrow + up_off + n0, k * BK], ready.index(s), w_smem.index(s).slice(h * 128 + 64, 64))
+                else:  # 128 weight rows per warpgroup: 2 x 64 interleaved gate/up columns, or 128 output columns
+                    _tma_load(w_desc, [wrow + pn * 128 * NWG, k * BK], ready.index(s), w_smem.index(s))
                 c += 1
 
 
 @gluon.jit
-def _moe_issue(a_smem, w_smem, ready, c, zero, HALF: gl.constexpr, HM: gl.constexpr, STAGES: gl.constexpr, HALVES: gl.constexpr):
-    """This warpgroup's wgmma(s) of the c-th stage: one over the 128 weight rows, or (HALVES) one per 64-row half."""
+def _moe_issue(a_smem, w_smem, ready, c, zero, HALF: gl.constexpr, HM: gl.constexpr, STAGES: gl.constexpr, HALVES: gl.constexpr,
+               SPLIT_N: gl.constexpr):  # fmt: skip
+    """This warpgroup's wgmma(s) of the c-th stage, on its rows (or, SPLIT_N, all rows and its 128 weight rows): one over
+    128 weight rows, or (HALVES) one per 64-row gate / up piece."""
     s = c % STAGES
     mbarrier.wait(ready.index(s), (c // STAGES) & 1)
-    a = a_smem.index(s).slice(HALF * HM, HM)
+    if SPLIT_N:
+        a = a_smem.index(s)
+        wb: gl.constexpr = HALF * 128
+    else:
+        a = a_smem.index(s).slice(HALF * HM, HM)
+        wb: gl.constexpr = 0
     if HALVES:
-        d_g = warpgroup_mma(a, w_smem.index(s).slice(0, 64).permute((1, 0)), zero, use_acc=False, is_async=True)
-        d_u = warpgroup_mma(a, w_smem.index(s).slice(64, 64).permute((1, 0)), zero, use_acc=False, is_async=True)
+        d_g = warpgroup_mma(a, w_smem.index(s).slice(wb, 64).permute((1, 0)), zero, use_acc=False, is_async=True)
+        d_u = warpgroup_mma(a, w_smem.index(s).slice(wb + 64, 64).permute((1, 0)), zero, use_acc=False, is_async=True)
         return d_g, d_u
     else:
-        d = warpgroup_mma(a, w_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+        d = warpgroup_mma(a, w_smem.index(s).slice(wb, 128).permute((1, 0)), zero, use_acc=False, is_async=True)
         return d, d
 
 
 @gluon.jit
 def _moe_consumer(a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ptr, npad_ptr, n_slots,
                   CAP, N_OUT, N_W, K, up_off, alpha, limit, sasm, swse, swsn, swsk, sbe, som, n_k,
-                  HALF: gl.constexpr, BM: gl.constexpr, BN_OUT: gl.constexpr, STAGES: gl.constexpr, UNROLL: gl.constexpr,
+                  HALF: gl.constexpr, BM: gl.constexpr, BN_WG: gl.constexpr, STAGES: gl.constexpr, UNROLL: gl.constexpr,
                   GROUP: gl.constexpr, GATED: gl.constexpr, HALVES: gl.constexpr, HAS_BIAS: gl.constexpr, ROUND: gl.constexpr,
-                  ACT: gl.constexpr):  # fmt: skip
-    HM: gl.constexpr = BM // 2
+                  ACT: gl.constexpr, SPLIT_N: gl.constexpr):  # fmt: skip
+    HM: gl.constexpr = BM if SPLIT_N else BM // 2  # rows of this warpgroup
+    BN_TILE: gl.constexpr = BN_WG * (2 if SPLIT_N else 1)
     WN: gl.constexpr = 64 if HALVES else 128  # weight rows per wgmma
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, WN, 32])
     row_l: gl.constexpr = gl.SliceLayout(1, mma)
     col_l: gl.constexpr = gl.SliceLayout(0, mma)
     n_m = gl.cdiv(CAP, BM)
-    n_n = gl.cdiv(N_OUT, BN_OUT)
+    n_n = gl.cdiv(N_OUT, BN_TILE)
     npad = gl.load(npad_ptr)
     zero = gl.zeros([HM, WN], gl.float32, mma)
     n_main = n_k - n_k % UNROLL
@@ -320,13 +334,18 @@ def _moe_consumer(a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, out_pt
         pm, pn = _tile(t, n_m, n_n, GROUP)
         if pm * BM < npad:
             e = gl.load(expert_ptr + pm).to(gl.int64)
-            row0 = pm * BM + HALF * HM
+            if SPLIT_N:
+                row0 = pm * BM
+                col0 = pn * BN_TILE + HALF * BN_WG  # this warpgroup's first output column
+            else:
+                row0 = pm * BM + HALF * HM
+                col0 = pn * BN_TILE
             a_sc = as_ptr + (row0 + gl.arange(0, HM, layout=row_l)) * sasm
             if HALVES:
-                wg_sc = ws_ptr + e * swse + ((pn * BN_OUT) // BK_SCALE) * swsn
-                wu_sc = ws_ptr + e * swse + ((up_off + pn * BN_OUT) // BK_SCALE) * swsn
-            else:
-                wg_sc = ws_ptr + e * swse + pn * swsn  # 128 weight rows: scale row pn
+                wg_sc = ws_ptr + e * swse + (col0 // BK_SCALE) * swsn
+                wu_sc = ws_ptr + e * swse + ((up_off + col0) // BK_SCALE) * swsn
+            else:  # 128 weight rows from row col0 (x 2: interleaved gate/up), under one scale
+                wg_sc = ws_ptr + e * swse + ((col0 * (2 if GATED else 1)) // BK_SCALE) * swsn
                 wu_sc = wg_sc
             acc_g = gl.zeros([HM, WN], gl.float32, mma)
             acc_u = gl.zeros([HM, WN], gl.float32, mma)
@@ -339,9 +358,9 @@ def _moe_consumer(a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, out_pt
                 sa_n = gl.load(a_sc[:, None] + kn[None, :])
                 swg_n = gl.load(wg_sc + kn * swsk)
                 swu_n = gl.load(wu_sc + kn * swsk)
-                dg_p, du_p = _moe_issue(a_smem, w_smem, ready, c, zero, HALF, HM, STAGES, HALVES)
+                dg_p, du_p = _moe_issue(a_smem, w_smem, ready, c, zero, HALF, HM, STAGES, HALVES, SPLIT_N)
                 for u in gl.static_range(1, UNROLL):
-                    dg_c, du_c = _moe_issue(a_smem, w_smem, ready, c + u, zero, HALF, HM, STAGES, HALVES)
+                    dg_c, du_c = _moe_issue(a_smem, w_smem, ready, c + u, zero, HALF, HM, STAGES, HALVES, SPLIT_N)
                     if HALVES:
                         rg, ru, acc_g, acc_u = warpgroup_mma_wait(num_outstanding=NW, deps=(dg_p, du_p, acc_g, acc_u))
                         acc_u += ru * _column(scu, u - 1, kcol)[:, None]
@@ -362,7 +381,7 @@ def _moe_consumer(a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, out_pt
                 scu = sa_n * swu_n[None, :]
                 c += UNROLL
             for k in range(n_main, n_k):
-                dg_p, du_p = _moe_issue(a_smem, w_smem, ready, c, zero, HALF, HM, STAGES, HALVES)
+                dg_p, du_p = _moe_issue(a_smem, w_smem, ready, c, zero, HALF, HM, STAGES, HALVES, SPLIT_N)
                 sak = gl.load(a_sc + k)
                 if HALVES:
                     rg, ru = warpgroup_mma_wait(num_outstanding=0, deps=(dg_p, du_p))
@@ -372,12 +391,12 @@ def _moe_consumer(a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, out_pt
                 mbarrier.arrive(empty.index(c % STAGES), count=1)
                 acc_g += rg * (sak * gl.load(wg_sc + k * swsk))[:, None]
                 c += 1
-            _moe_epilogue(acc_g, acc_u, bias_ptr, out_ptr, sorted_ptr, e, row0, pn, n_slots, CAP, N_OUT, up_off, alpha, limit,
-                          sbe, som, HM, BN_OUT, GATED, HALVES, HAS_BIAS, ROUND, ACT)  # fmt: skip
+            _moe_epilogue(acc_g, acc_u, bias_ptr, out_ptr, sorted_ptr, e, row0, col0, n_slots, CAP, N_OUT, up_off, alpha, limit,
+                          sbe, som, HM, BN_WG, GATED, HALVES, HAS_BIAS, ROUND, ACT)  # fmt: skip
 
 
 @gluon.jit
-def _moe_epilogue(acc_g, acc_u, bias_ptr, out_ptr, sorted_ptr, e, row0, pn, n_slots, CAP, N_OUT, up_off, alpha, limit, sbe, som,
+def _moe_epilogue(acc_g, acc_u, bias_ptr, out_ptr, sorted_ptr, e, row0, col0, n_slots, CAP, N_OUT, up_off, alpha, limit, sbe, som,
                   HM: gl.constexpr, BN_OUT: gl.constexpr, GATED: gl.constexpr, HALVES: gl.constexpr, HAS_BIAS: gl.constexpr,
                   ROUND: gl.constexpr, ACT: gl.constexpr):  # fmt: skip
     """Bias, x.dtype rounding and the activation (GATED), then the store: sorted rows [CAP, N_OUT] (GATED) or each row to
@@ -392,7 +411,7 @@ def _moe_epilogue(acc_g, acc_u, bias_ptr, out_ptr, sorted_ptr, e, row0, pn, n_sl
         g = acc_g
         u = acc_g
     lay: gl.constexpr = g.type.layout
-    cols = pn * BN_OUT + gl.arange(0, BN_OUT, layout=gl.SliceLayout(0, lay))
+    cols = col0 + gl.arange(0, BN_OUT, layout=gl.SliceLayout(0, lay))
     rows = row0 + gl.arange(0, HM, layout=gl.SliceLayout(1, lay))
     col_ok = cols < N_OUT
     bias_e = bias_ptr + e * sbe
@@ -423,11 +442,15 @@ def _moe_epilogue(acc_g, acc_u, bias_ptr, out_ptr, sorted_ptr, e, row0, pn, n_sl
 @gluon.jit
 def moe_gemm_ws(a_desc, w_desc, as_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ptr, npad_ptr, n_slots, CAP, N_OUT, N_W, K,
                 up_off, alpha, limit, sasm, swse, swsn, swsk, sbe, som,
-                BM: gl.constexpr, BN_OUT: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, UNROLL: gl.constexpr,
+                BM: gl.constexpr, BN_WG: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, UNROLL: gl.constexpr,
                 GROUP: gl.constexpr, REGS: gl.constexpr, LOADER_REGS: gl.constexpr, GATED: gl.constexpr, HALVES: gl.constexpr,
-                HAS_BIAS: gl.constexpr, ROUND: gl.constexpr, ACT: gl.constexpr):  # fmt: skip
+                HAS_BIAS: gl.constexpr, ROUND: gl.constexpr, ACT: gl.constexpr, SPLIT_N: gl.constexpr):  # fmt: skip
+    """BM = 128: each consumer warpgroup takes 64 of the block's rows against the same 128 weight rows; SPLIT_N (BM = 64, so
+    half the padding rows): both take all 64 rows, each against its own 128 of 256 weight rows.  BN_WG output columns per
+    warpgroup (gated: 64 intermediate columns)."""
     a_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, BK], a_desc.layout)
-    w_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, 128, BK], a_desc.layout)
+    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([128, BK], gl.float8e4nv)
+    w_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, 256 if SPLIT_N else 128, BK], w_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -437,10 +460,10 @@ def moe_gemm_ws(a_desc, w_desc, as_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, e
     gl.warp_specialize([
         (_moe_consumer, (a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ptr, npad_ptr, n_slots,
                          CAP, N_OUT, N_W, K, up_off, alpha, limit, sasm, swse, swsn, swsk, sbe, som, n_k,
-                         0, BM, BN_OUT, STAGES, UNROLL, GROUP, GATED, HALVES, HAS_BIAS, ROUND, ACT)),
+                         0, BM, BN_WG, STAGES, UNROLL, GROUP, GATED, HALVES, HAS_BIAS, ROUND, ACT, SPLIT_N)),
         (_moe_consumer, (a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ptr, npad_ptr, n_slots,
                          CAP, N_OUT, N_W, K, up_off, alpha, limit, sasm, swse, swsn, swsk, sbe, som, n_k,
-                         1, BM, BN_OUT, STAGES, UNROLL, GROUP, GATED, HALVES, HAS_BIAS, ROUND, ACT)),
-        (_moe_loader, (a_desc, w_desc, a_smem, w_smem, ready, empty, expert_ptr, npad_ptr, CAP, N_OUT, N_W, up_off, n_k, BM, BN_OUT,
-                       BK, STAGES, GROUP, HALVES)),
+                         1, BM, BN_WG, STAGES, UNROLL, GROUP, GATED, HALVES, HAS_BIAS, ROUND, ACT, SPLIT_N)),
+        (_moe_loader, (a_desc, w_desc, a_smem, w_smem, ready, empty, expert_ptr, npad_ptr, CAP, N_OUT, N_W, up_off, n_k, BM, BN_WG,
+                       BK, STAGES, GROUP, HALVES, SPLIT_N)),
     ], [4, 1], [REGS, LOADER_REGS])  # fmt: skip

@@ -28,7 +28,7 @@ from quantkit.engine.layers.moe import route as engine_route
 from quantkit.engine.qlinear import ActQuant, Fp8Block, Mxfp8
 from quantkit.formats import fp8_block, mxfp8
 from quantkit.kernels import dispatch, moe_routing
-from quantkit.kernels.fused_moe import MOE_CONFIGS, MX_PREFILL_CONFIG, MoeConfig, pick_moe_config
+from quantkit.kernels.fused_moe import MOE_CONFIGS, MX_PREFILL_CONFIG, PREFILL_TILED, MoeConfig, pick_moe_config
 from quantkit.kernels.fused_moe_ref import ExpertWeights, MoeSpec, check_moe, fused_moe_ref, stack_gate_up
 from quantkit.kernels.fused_moe_sorted import sorted_ok
 from quantkit.kernels.moe_routing import SMALL_N_MAX, align, align_capacity, align_torch, align_triton, route
@@ -363,7 +363,7 @@ def test_wgmma_rules_and_fallback(triton_device, gen, monkeypatch):
     odd13, odd2 = experts("fp8-block", 2, 2 * 96, 160, gen, bias=True), experts("fp8-block", 2, 160, 96, gen, bias=False)
     cpu = torch.device("cpu")
     assert "FP8-block experts only" in wgmma_why_not(mx13, mx2, GPT_OSS, 128, cpu)
-    assert "128-row expert blocks" in wgmma_why_not(w13, w2, GPT_OSS, 64, cpu)
+    assert "expert blocks of 64 or 128 rows only" in wgmma_why_not(w13, w2, GPT_OSS, 32, cpu)
     assert "sorted-row rules" in wgmma_why_not(odd13, odd2, SILU, 128, cpu)  # concatenated gate/up, I = 96
     assert wgmma_why_not(w13, w2, GPT_OSS, 128, cpu) in ("Gluon kernels do not run in Triton's CPU interpreter", "wgmma needs an NVIDIA GPU, got cpu")
     wg = MoeConfig(128, 64, 128, num_stages=5, sorted_rows=True, wgmma=True)
@@ -500,6 +500,7 @@ def test_gpu_gpt_oss_shapes(gpt_oss_experts, t):
     assert torch.equal(out, dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS)), "deterministic"
     mx_prefill = [MX_PREFILL_CONFIG, replace(MX_PREFILL_CONFIG, mx_step=64)]  # 64: concatenated gate/up's step
     for cfg in [c for _, c in MOE_CONFIGS] + (mx_prefill if w13.fmt == "mxfp8" else []):
+        cfg = PREFILL_TILED if cfg.wgmma and w13.fmt == "mxfp8" else cfg  # the wgmma kernel is FP8-block only (an explicit config raises)
         cfg = replace(cfg, upcast=cfg.upcast or (w13.fmt == "mxfp8" and cfg.block_m >= 64))
         assert_moe_close(run_triton(x, w, ids, w13, w2, GPT_OSS, "cuda", cfg), ref, f"gpt-oss {w13.fmt} T={t} {cfg.name()}", 1e-2)
 
@@ -519,7 +520,8 @@ def test_gpu_sorted_rows(fmt, spec, h, inter):
     ref = fused_moe_ref(x, w, ids, w13, w2, spec)
     cfgs = [MoeConfig(128, 64, 128, num_warps=8, num_stages=3, upcast=up, sorted_rows=True), MoeConfig(64, 64, 128, num_warps=4, num_stages=4, upcast=up, sorted_rows=True)]
     cfgs += [replace(cfgs[1], mx_step=64), replace(cfgs[1], mx_step=128)] if up else []  # MX steps folding 2 / 4 scales per row
-    cfgs += [] if up else [MoeConfig(128, 64, 128, num_stages=5, sorted_rows=True, wgmma=True)]  # the warp-specialised kernel (last: graph-replayed)
+    wg = MoeConfig(128, 64, 128, num_stages=5, sorted_rows=True, wgmma=True)
+    cfgs += [] if up else [wg, replace(wg, block_m=64)]  # the warp-specialised kernel, 128- and 64-row blocks (last: graph-replayed)
     for cfg in cfgs:
         assert sorted_ok(w13, w2, spec, cfg.block_n1, cfg.block_n2, cfg.upcast)
         out = run_triton(x, w, ids, w13, w2, spec, "cuda", cfg)

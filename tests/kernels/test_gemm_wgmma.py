@@ -144,11 +144,15 @@ def test_sm90_build_overlaps_the_promotion_without_serialising(tmp_path, tma_sto
 
 @pytest.mark.skipif(gluon_missing() is not None, reason="the installed Triton has no Gluon Hopper API")
 @pytest.mark.parametrize("gated,halves,bias", [(True, False, True), (True, True, False), (False, False, True)], ids=["gpt-oss-gate-up", "concat-gate-up", "down"])
-def test_sm90_moe_build_overlaps_the_promotion_without_serialising(tmp_path, gated, halves, bias):
+@pytest.mark.parametrize("bm", [64, 128])
+def test_sm90_moe_build_overlaps_the_promotion_without_serialising(tmp_path, gated, halves, bias, bm):
     """The sorted-row MoE kernel as fused_moe_sorted.sorted_gemm_wgmma launches it (concatenated halves: groups of 2)."""
-    consts = {"BM": 128, "BN_OUT": 64 if gated else 128, "BK": 128, "STAGES": 5, "UNROLL": 2 if halves else 4, "GROUP": 8, "REGS": 232,
-              "LOADER_REGS": LOADER_REGS, "GATED": gated, "HALVES": halves, "HAS_BIAS": bias, "ROUND": True, "ACT": 0 if halves else 1}  # fmt: skip
+    split = bm == 64
+    consts = {"BM": bm, "BN_WG": 64 if gated else 128, "BK": 128, "STAGES": 5, "UNROLL": 2 if halves else 4, "GROUP": 8, "REGS": 232,
+              "LOADER_REGS": LOADER_REGS, "GATED": gated, "HALVES": halves, "HAS_BIAS": bias, "ROUND": True, "ACT": 0 if halves else 1,
+              "SPLIT_N": split}  # fmt: skip
     types = {"as_ptr": "*fp32", "ws_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16", "sorted_ptr": "*i32", "expert_ptr": "*i32",
-             "npad_ptr": "*i32", "alpha": "fp32", "limit": "fp32", "a_desc": ["fp8e4nv", 128, 128], "w_desc": ["fp8e4nv", 64 if halves else 128, 128]}  # fmt: skip
+             "npad_ptr": "*i32", "alpha": "fp32", "limit": "fp32", "a_desc": ["fp8e4nv", bm, 128],
+             "w_desc": ["fp8e4nv", 64 if halves else 256 if split else 128, 128]}  # fmt: skip
     ptx, facts, report = _build_sm90(tmp_path, "moe_gemm_ws", consts, types)
     _assert_pipelined(ptx, facts, report)

@@ -1,4 +1,6 @@
-"""Gluon kernels of :mod:`.gemm_wgmma` (sm_90 only; imported by it on first use).
+"""Gluon kernels of :mod:`.gemm_wgmma` (sm_90 only; imported on first use): the FP8-block GEMM
+(:func:`fp8_block_gemm_ws`) and the fused MoE's grouped GEMMs on expert-sorted rows
+(:func:`moe_gemm_ws`, launched by :func:`.fused_moe_sorted.sorted_gemm_wgmma`).
 
 One program per SM loops over 128x128 output tiles in grouped order, split three ways
 (``gl.warp_specialize``):

@@ -43,7 +43,9 @@ INT32_LIMIT = 2**31
 # kernel; M = 17-64, cuBLAS (13 of 14 shapes at M = 64); from M = 65 Triton's warp-specialised
 # kernel (seventh pass), which matches cuBLAS on prepared operands (0.93-1.03x geomean at
 # M = 128-8192, CUDA graphs) and beats this backend's cuBLAS call, which re-lays out the scales
-# (and pads K % 128 != 0) on every call: 1.23x geomean, 36 of 42 shapes at M = 1024-8192.
+# (and pads K % 128 != 0) on every call: 1.56-1.70x at M = 128-512 (8 of 8 shapes each), 1.23x
+# geomean at M = 1024-8192 (36 of 42).  Where the Gluon kernel cannot run, Triton's tiled fallback
+# runs instead (0.66-0.76x prepared cuBLAS; not timed against this backend's per-call cuBLAS).
 BY_SHAPE_FP8: tuple[tuple[int, str], ...] = ((16, "triton"), (64, "cublas"), (INT32_LIMIT, "triton"))
 
 

@@ -1,12 +1,14 @@
-"""The warp-specialised Hopper FP8-block GEMM (quantkit/kernels/gemm_wgmma.py).
+"""The warp-specialised Hopper FP8-block GEMM (quantkit/kernels/gemm_wgmma.py) and the fused
+MoE's sorted-row GEMMs built from it (fused_moe_sorted.sorted_gemm_wgmma).
 
 Gluon kernels do not run in Triton's CPU interpreter, so CI checks what it can without a GPU:
 the rules that decide where the kernel runs (and the fallback the table takes elsewhere), and the
 kernel compiled for sm_90 by the installed Triton and its ptxas: the warp-specialised structure
 is there, the promotion overlaps the tensor core (``wgmma.wait_group 1``), and ptxas neither
-serialises the wgmma pipeline (its C7514 / C7517 diagnostics) nor spills.  The numbers are
-checked on the H200 by tests/kernels/test_gemm.py's GPU tests (the table and every config
-against the dequantizing reference) and timed by scripts/bench_kernels.py.
+serialises the wgmma pipeline (its C7514 / C7517 diagnostics) nor spills more than a few
+registers.  The numbers are checked on the H200 by tests/kernels/test_gemm.py's GPU tests (the
+table and every config against the dequantizing reference; test_fused_moe.py's for the MoE
+kernel) and timed by scripts/bench_kernels.py and scripts/sweep_moe_prefill.py --wgmma.
 """
 
 from __future__ import annotations

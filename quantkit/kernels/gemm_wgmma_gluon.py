@@ -343,11 +343,14 @@ def _moe_consumer(a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, out_pt
                 row0 = pm * BM + HALF * HM
                 col0 = pn * BN_TILE
             a_sc = as_ptr + (row0 + gl.arange(0, HM, layout=row_l)) * sasm
+            # scale rows clamped to the expert's last: a SPLIT_N tile's second warpgroup can lie wholly past N_OUT (its
+            # columns are never stored) and must not read past the scale tensor
+            last = (N_W - 1) // BK_SCALE
             if HALVES:
-                wg_sc = ws_ptr + e * swse + (col0 // BK_SCALE) * swsn
-                wu_sc = ws_ptr + e * swse + ((up_off + col0) // BK_SCALE) * swsn
+                wg_sc = ws_ptr + e * swse + gl.minimum(col0 // BK_SCALE, last) * swsn
+                wu_sc = ws_ptr + e * swse + gl.minimum((up_off + col0) // BK_SCALE, last) * swsn
             else:  # 128 weight rows from row col0 (x 2: interleaved gate/up), under one scale
-                wg_sc = ws_ptr + e * swse + ((col0 * (2 if GATED else 1)) // BK_SCALE) * swsn
+                wg_sc = ws_ptr + e * swse + gl.minimum((col0 * (2 if GATED else 1)) // BK_SCALE, last) * swsn
                 wu_sc = wg_sc
             acc_g = gl.zeros([HM, WN], gl.float32, mma)
             acc_u = gl.zeros([HM, WN], gl.float32, mma)

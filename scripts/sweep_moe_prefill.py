@@ -36,7 +36,7 @@ def main() -> None:
     p.add_argument("--peak-tflops", type=float, default=1979.0)
     p.add_argument("--sorted-only", action="store_true", help="only the expert-sorted-row variants")
     p.add_argument("--mx-steps", type=int, nargs="*", default=[], help="MXFP8 sorted rows: also time each variant with these K steps (64, 128)")
-    p.add_argument("--wgmma", action="store_true", help="FP8-block: time the warp-specialised sorted-row kernel's variants instead of VARIANTS")
+    p.add_argument("--wgmma", action="store_true", help="FP8-block: time the warp-specialised sorted-row kernel's variants and PREFILL_TILED instead of VARIANTS")
     args = p.parse_args()
 
     import torch
@@ -55,13 +55,11 @@ WGMMA_VARIANTS = ((128, 5, 8), (64, 5, 8), (64, 4, 8), (64, 5, 16))  # (block_m,
 
 def sweep_one(fmt: str, m, t: int, peak: float, out_of_time, sorted_only: bool = False, mx_steps: tuple = (), wgmma: bool = False) -> None:
     """One model and format: the table's config, then each of VARIANTS (``wgmma``: of WGMMA_VARIANTS) while there is time."""
-    from dataclasses import replace
-
     import torch
     import triton
     from bench_moe import model_experts, tokens
 
-    from quantkit.kernels.fused_moe import MoeConfig, fused_moe, pick_moe_config
+    from quantkit.kernels.fused_moe import PREFILL_TILED, MoeConfig, fused_moe, pick_moe_config
 
     dev = torch.device("cuda")
     ex = model_experts(torch, fmt, m, dev)
@@ -79,9 +77,9 @@ def sweep_one(fmt: str, m, t: int, peak: float, out_of_time, sorted_only: bool =
     ref = run(base).float()
     tb = timed(base)
     print(f"== {fmt} {m.name} T={t}: table {base.name()} {tb:.3f} ms {flops / tb / 1e9:.0f} TFLOPS ({flops / tb / 1e9 / peak:.0%} of peak)", flush=True)
-    if wgmma:
+    if wgmma and fmt == "fp8-block":  # the warp-specialised kernel takes FP8-block experts only
         cands = [MoeConfig(bm, 64, 128, num_stages=st, group_m=g, sorted_rows=True, wgmma=True) for bm, st, g in WGMMA_VARIANTS]
-        cands.append(replace(base, wgmma=False) if base.wgmma else MoeConfig(64, 64, 128, num_warps=4, num_stages=4, sorted_rows=True))
+        cands.append(PREFILL_TILED)  # the Triton sorted-row kernel the table falls back to
         for cfg in cands:
             if out_of_time():
                 print("   budget spent", flush=True)

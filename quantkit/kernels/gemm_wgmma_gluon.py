@@ -49,6 +49,89 @@ def _column(x, j: gl.constexpr, kcol):
 
 
 @gluon.jit
+def _issue(a_smem, w_smem, ready, c, zero, HALF: gl.constexpr, HM: gl.constexpr, STAGES: gl.constexpr, HALVES: gl.constexpr,
+           SPLIT_N: gl.constexpr):  # fmt: skip
+    """Wait for the c-th stage fill, then start this warpgroup's wgmma(s) on it (async, fresh accumulators): its HM rows
+    (SPLIT_N: all rows, and its own 128 of the stage's 256 weight rows) against 128 weight rows, or (HALVES) one wgmma per
+    64-row gate / up piece."""
+    s = c % STAGES
+    mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+    if SPLIT_N:
+        a = a_smem.index(s)
+        wb: gl.constexpr = HALF * 128
+    else:
+        a = a_smem.index(s).slice(HALF * HM, HM)
+        wb: gl.constexpr = 0
+    if HALVES:
+        d_g = warpgroup_mma(a, w_smem.index(s).slice(wb, 64).permute((1, 0)), zero, use_acc=False, is_async=True)
+        d_u = warpgroup_mma(a, w_smem.index(s).slice(wb + 64, 64).permute((1, 0)), zero, use_acc=False, is_async=True)
+        return d_g, d_u
+    else:
+        d = warpgroup_mma(a, w_smem.index(s).slice(wb, 128).permute((1, 0)), zero, use_acc=False, is_async=True)
+        return d, d
+
+
+@gluon.jit
+def _k_loop(a_smem, w_smem, ready, empty, acc_g, acc_u, zero, c, n_k, kmax, kcol, a_sc, sask, wg_sc, wu_sc, swsk,
+            HALF: gl.constexpr, HM: gl.constexpr, STAGES: gl.constexpr, UNROLL: gl.constexpr, HALVES: gl.constexpr,
+            SPLIT_N: gl.constexpr):  # fmt: skip
+    """One tile's K blocks from ring position c: promote each block's product times its activation-row scales (a_sc +
+    k * sask) and weight scale (wg_sc + k * swsk; HALVES: the up piece's wu_sc into acc_u) into the accumulators, the
+    promotion of each but the last block of a group overlapping the next block's wgmma (module docstring).  Returns
+    (acc_g, acc_u, c)."""
+    NW: gl.constexpr = 2 if HALVES else 1  # wgmma groups per block
+    n_main = n_k - n_k % UNROLL
+    kn = gl.minimum(kcol, kmax)
+    sa = gl.load(a_sc[:, None] + kn[None, :] * sask)
+    scg = sa * gl.load(wg_sc + kn * swsk)[None, :]
+    if HALVES:
+        scu = sa * gl.load(wu_sc + kn * swsk)[None, :]
+    for k0 in range(0, n_main, UNROLL):
+        kn = gl.minimum(k0 + UNROLL + kcol, kmax)  # the next group's scales, loaded now
+        sa_n = gl.load(a_sc[:, None] + kn[None, :] * sask)
+        swg_n = gl.load(wg_sc + kn * swsk)
+        if HALVES:
+            swu_n = gl.load(wu_sc + kn * swsk)
+        dg_p, du_p = _issue(a_smem, w_smem, ready, c, zero, HALF, HM, STAGES, HALVES, SPLIT_N)
+        for u in gl.static_range(1, UNROLL):
+            dg_c, du_c = _issue(a_smem, w_smem, ready, c + u, zero, HALF, HM, STAGES, HALVES, SPLIT_N)
+            if HALVES:
+                rg, ru, acc_g, acc_u = warpgroup_mma_wait(num_outstanding=NW, deps=(dg_p, du_p, acc_g, acc_u))
+                acc_u += ru * _column(scu, u - 1, kcol)[:, None]
+            else:
+                rg, acc_g = warpgroup_mma_wait(num_outstanding=NW, deps=(dg_p, acc_g))
+            mbarrier.arrive(empty.index((c + u - 1) % STAGES), count=1)
+            acc_g += rg * _column(scg, u - 1, kcol)[:, None]
+            dg_p = dg_c
+            du_p = du_c
+        if HALVES:
+            rg, ru, acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(dg_p, du_p, acc_g, acc_u))
+            acc_u += ru * _column(scu, UNROLL - 1, kcol)[:, None]
+        else:
+            rg, acc_g = warpgroup_mma_wait(num_outstanding=0, deps=(dg_p, acc_g))
+        mbarrier.arrive(empty.index((c + UNROLL - 1) % STAGES), count=1)
+        acc_g += rg * _column(scg, UNROLL - 1, kcol)[:, None]
+        scg = sa_n * swg_n[None, :]
+        if HALVES:
+            scu = sa_n * swu_n[None, :]
+        c += UNROLL
+    for k in range(n_main, n_k):  # the last n_k % UNROLL blocks, one at a time
+        dg_p, du_p = _issue(a_smem, w_smem, ready, c, zero, HALF, HM, STAGES, HALVES, SPLIT_N)
+        sa_k = gl.load(a_sc + k * sask)
+        scg_k = sa_k * gl.load(wg_sc + k * swsk)
+        if HALVES:
+            scu_k = sa_k * gl.load(wu_sc + k * swsk)
+            rg, ru = warpgroup_mma_wait(num_outstanding=0, deps=(dg_p, du_p))
+            acc_u += ru * scu_k[:, None]
+        else:
+            rg = warpgroup_mma_wait(num_outstanding=0, deps=(dg_p,))
+        mbarrier.arrive(empty.index(c % STAGES), count=1)
+        acc_g += rg * scg_k[:, None]
+        c += 1
+    return acc_g, acc_u, c
+
+
+@gluon.jit
 def _loader(
     a_desc,
     w_desc,
@@ -78,14 +161,6 @@ def _loader(
             _tma_load(a_desc, [pm * BM, k * BK], ready.index(s), a_smem.index(s))
             _tma_load(w_desc, [pn * BN, k * BK], ready.index(s), w_smem.index(s))
             c += 1
-
-
-@gluon.jit
-def _issue(a_smem, w_smem, ready, c, zero, HALF: gl.constexpr, HM: gl.constexpr, STAGES: gl.constexpr):
-    """Wait for the c-th stage fill, then start this warpgroup's wgmma on it (async, fresh accumulator)."""
-    s = c % STAGES
-    mbarrier.wait(ready.index(s), (c // STAGES) & 1)
-    return warpgroup_mma(a_smem.index(s).slice(HALF * HM, HM), w_smem.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
 
 
 @gluon.jit
@@ -125,7 +200,6 @@ def _consumer(
     n_m = gl.cdiv(M, BM)
     n_n = gl.cdiv(N, BN)
     zero = gl.zeros([HM, BN], gl.float32, mma)
-    n_main = n_k - n_k % UNROLL
     kcol = gl.arange(0, UNROLL, layout=col_l)
     kmax = gl.cdiv(K, BK_SCALE) - 1
     c = 0
@@ -135,31 +209,8 @@ def _consumer(
         a_sc = as_ptr + gl.minimum(row0 + gl.arange(0, HM, layout=row_l), M - 1) * sasm
         w_sc = ws_ptr + ((pn * BN) // BK_SCALE) * swsn  # BN == 128: one weight scale per K block
         acc = gl.zeros([HM, BN], gl.float32, mma)
-        kn = gl.minimum(kcol, kmax)
-        scs = gl.load(a_sc[:, None] + kn[None, :] * sask) * gl.load(w_sc + kn * swsk)[None, :]
-        for k0 in range(0, n_main, UNROLL):
-            kn = gl.minimum(k0 + UNROLL + kcol, kmax)  # the next group's scales, loaded now
-            sa = gl.load(a_sc[:, None] + kn[None, :] * sask)
-            sw = gl.load(w_sc + kn * swsk)
-            d_p = _issue(a_smem, w_smem, ready, c, zero, HALF, HM, STAGES)
-            for u in gl.static_range(1, UNROLL):
-                d_c = _issue(a_smem, w_smem, ready, c + u, zero, HALF, HM, STAGES)
-                r, acc = warpgroup_mma_wait(num_outstanding=1, deps=(d_p, acc))
-                mbarrier.arrive(empty.index((c + u - 1) % STAGES), count=1)
-                acc += r * _column(scs, u - 1, kcol)[:, None]
-                d_p = d_c
-            r, acc = warpgroup_mma_wait(num_outstanding=0, deps=(d_p, acc))
-            mbarrier.arrive(empty.index((c + UNROLL - 1) % STAGES), count=1)
-            acc += r * _column(scs, UNROLL - 1, kcol)[:, None]
-            scs = sa * sw[None, :]
-            c += UNROLL
-        for k in range(n_main, n_k):
-            d_p = _issue(a_smem, w_smem, ready, c, zero, HALF, HM, STAGES)
-            sc = gl.load(a_sc + k * sask) * gl.load(w_sc + k * swsk)
-            r = warpgroup_mma_wait(num_outstanding=0, deps=(d_p,))
-            mbarrier.arrive(empty.index(c % STAGES), count=1)
-            acc += r * sc[:, None]
-            c += 1
+        acc, _, c = _k_loop(a_smem, w_smem, ready, empty, acc, acc, zero, c, n_k, kmax, kcol, a_sc, sask, w_sc, w_sc, swsk,
+                            HALF, HM, STAGES, UNROLL, False, False)  # fmt: skip
         cols = pn * BN + gl.arange(0, BN, layout=col_l)
         if HAS_BIAS:
             acc += gl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
@@ -290,28 +341,6 @@ def _moe_loader(a_desc, w_desc, a_smem, w_smem, ready, empty, expert_ptr, npad_p
 
 
 @gluon.jit
-def _moe_issue(a_smem, w_smem, ready, c, zero, HALF: gl.constexpr, HM: gl.constexpr, STAGES: gl.constexpr, HALVES: gl.constexpr,
-               SPLIT_N: gl.constexpr):  # fmt: skip
-    """This warpgroup's wgmma(s) of the c-th stage, on its rows (or, SPLIT_N, all rows and its 128 weight rows): one over
-    128 weight rows, or (HALVES) one per 64-row gate / up piece."""
-    s = c % STAGES
-    mbarrier.wait(ready.index(s), (c // STAGES) & 1)
-    if SPLIT_N:
-        a = a_smem.index(s)
-        wb: gl.constexpr = HALF * 128
-    else:
-        a = a_smem.index(s).slice(HALF * HM, HM)
-        wb: gl.constexpr = 0
-    if HALVES:
-        d_g = warpgroup_mma(a, w_smem.index(s).slice(wb, 64).permute((1, 0)), zero, use_acc=False, is_async=True)
-        d_u = warpgroup_mma(a, w_smem.index(s).slice(wb + 64, 64).permute((1, 0)), zero, use_acc=False, is_async=True)
-        return d_g, d_u
-    else:
-        d = warpgroup_mma(a, w_smem.index(s).slice(wb, 128).permute((1, 0)), zero, use_acc=False, is_async=True)
-        return d, d
-
-
-@gluon.jit
 def _moe_consumer(a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ptr, npad_ptr, n_slots,
                   CAP, N_OUT, N_W, K, up_off, alpha, limit, sasm, swse, swsn, swsk, sbe, som, n_k,
                   HALF: gl.constexpr, BM: gl.constexpr, BN_WG: gl.constexpr, STAGES: gl.constexpr, UNROLL: gl.constexpr,
@@ -327,10 +356,8 @@ def _moe_consumer(a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, out_pt
     n_n = gl.cdiv(N_OUT, BN_TILE)
     npad = gl.load(npad_ptr)
     zero = gl.zeros([HM, WN], gl.float32, mma)
-    n_main = n_k - n_k % UNROLL
     kcol = gl.arange(0, UNROLL, layout=col_l)
     kmax = gl.cdiv(K, BK_SCALE) - 1
-    NW: gl.constexpr = 2 if HALVES else 1  # wgmma groups per block
     c = 0
     for t in range(gl.program_id(0), n_m * n_n, gl.num_programs(0)):
         pm, pn = _tile(t, n_m, n_n, GROUP)
@@ -354,48 +381,8 @@ def _moe_consumer(a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, out_pt
                 wu_sc = wg_sc
             acc_g = gl.zeros([HM, WN], gl.float32, mma)
             acc_u = gl.zeros([HM, WN], gl.float32, mma)
-            kn = gl.minimum(kcol, kmax)
-            sa = gl.load(a_sc[:, None] + kn[None, :])
-            scg = sa * gl.load(wg_sc + kn * swsk)[None, :]
-            scu = sa * gl.load(wu_sc + kn * swsk)[None, :]
-            for k0 in range(0, n_main, UNROLL):
-                kn = gl.minimum(k0 + UNROLL + kcol, kmax)
-                sa_n = gl.load(a_sc[:, None] + kn[None, :])
-                swg_n = gl.load(wg_sc + kn * swsk)
-                swu_n = gl.load(wu_sc + kn * swsk)
-                dg_p, du_p = _moe_issue(a_smem, w_smem, ready, c, zero, HALF, HM, STAGES, HALVES, SPLIT_N)
-                for u in gl.static_range(1, UNROLL):
-                    dg_c, du_c = _moe_issue(a_smem, w_smem, ready, c + u, zero, HALF, HM, STAGES, HALVES, SPLIT_N)
-                    if HALVES:
-                        rg, ru, acc_g, acc_u = warpgroup_mma_wait(num_outstanding=NW, deps=(dg_p, du_p, acc_g, acc_u))
-                        acc_u += ru * _column(scu, u - 1, kcol)[:, None]
-                    else:
-                        rg, acc_g = warpgroup_mma_wait(num_outstanding=NW, deps=(dg_p, acc_g))
-                    mbarrier.arrive(empty.index((c + u - 1) % STAGES), count=1)
-                    acc_g += rg * _column(scg, u - 1, kcol)[:, None]
-                    dg_p = dg_c
-                    du_p = du_c
-                if HALVES:
-                    rg, ru, acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(dg_p, du_p, acc_g, acc_u))
-                    acc_u += ru * _column(scu, UNROLL - 1, kcol)[:, None]
-                else:
-                    rg, acc_g = warpgroup_mma_wait(num_outstanding=0, deps=(dg_p, acc_g))
-                mbarrier.arrive(empty.index((c + UNROLL - 1) % STAGES), count=1)
-                acc_g += rg * _column(scg, UNROLL - 1, kcol)[:, None]
-                scg = sa_n * swg_n[None, :]
-                scu = sa_n * swu_n[None, :]
-                c += UNROLL
-            for k in range(n_main, n_k):
-                dg_p, du_p = _moe_issue(a_smem, w_smem, ready, c, zero, HALF, HM, STAGES, HALVES, SPLIT_N)
-                sak = gl.load(a_sc + k)
-                if HALVES:
-                    rg, ru = warpgroup_mma_wait(num_outstanding=0, deps=(dg_p, du_p))
-                    acc_u += ru * (sak * gl.load(wu_sc + k * swsk))[:, None]
-                else:
-                    rg = warpgroup_mma_wait(num_outstanding=0, deps=(dg_p,))
-                mbarrier.arrive(empty.index(c % STAGES), count=1)
-                acc_g += rg * (sak * gl.load(wg_sc + k * swsk))[:, None]
-                c += 1
+            acc_g, acc_u, c = _k_loop(a_smem, w_smem, ready, empty, acc_g, acc_u, zero, c, n_k, kmax, kcol, a_sc, 1, wg_sc, wu_sc, swsk,
+                                      HALF, HM, STAGES, UNROLL, HALVES, SPLIT_N)  # fmt: skip
             _moe_epilogue(acc_g, acc_u, bias_ptr, out_ptr, sorted_ptr, e, row0, col0, n_slots, CAP, N_OUT, up_off, alpha, limit,
                           sbe, som, HM, BN_WG, GATED, HALVES, HAS_BIAS, ROUND, ACT)  # fmt: skip
 

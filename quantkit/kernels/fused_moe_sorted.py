@@ -225,16 +225,16 @@ def sorted_gemm_wgmma(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: 
     assert sa.dtype == torch.float32 and sa.stride(1) == 1, f"F32 activation scales with contiguous columns, got {sa.dtype} {sa.stride()}"
     split = bm == 64
     bn_wg = 64 if gated else 128
-    a_desc = gemm_wgmma._descriptor(a, bm, BLOCK_K)
-    w_desc = gemm_wgmma._descriptor(w.q.view(e * nw, k), 64 if halves else 256 if split else 128, BLOCK_K)  # expert e's rows start at e * nw
+    a_desc = gemm_wgmma.descriptor(a, bm, BLOCK_K)
+    w_desc = gemm_wgmma.descriptor(w.q.view(e * nw, k), 64 if halves else 256 if split else 128, BLOCK_K)  # expert e's rows start at e * nw
     bias = w.bias if w.bias is not None else out
     ws = w.scale
     tiles = triton.cdiv(cap, bm) * triton.cdiv(n_out, bn_wg * (2 if split else 1))
     grid = (min(tiles, WORKSPACE.sm_count(out.device)),)
-    gemm_wgmma._kernels().moe_gemm_ws[grid](
+    gemm_wgmma.kernels().moe_gemm_ws[grid](
         a_desc, w_desc, sa, ws, bias, out, al.sorted_ids, al.expert_ids, al.num_padded, n_slots, cap, n_out, nw, k,
         n_out if halves else 0, spec.alpha, spec.limit, sa.stride(0), ws.stride(0), ws.stride(1), ws.stride(2), bias.stride(0), out.stride(0),
         BM=bm, BN_WG=bn_wg, BK=BLOCK_K, STAGES=stages, UNROLL=2 if halves else 4, GROUP=group_m,
-        REGS=232, LOADER_REGS=gemm_wgmma.LOADER_REGS, GATED=gated, HALVES=halves, HAS_BIAS=w.bias is not None,
+        REGS=gemm_wgmma.CONSUMER_REGS, LOADER_REGS=gemm_wgmma.LOADER_REGS, GATED=gated, HALVES=halves, HAS_BIAS=w.bias is not None,
         ROUND=out.dtype == torch.bfloat16, ACT=act, SPLIT_N=split, num_warps=4,
     )  # fmt: skip

@@ -29,7 +29,8 @@ from .triton_numerics import interpreted
 
 BLOCK_M = 128  # two consumer warpgroups of 64 rows
 BLOCK_N = 128  # one weight scale per tile column block
-LOADER_REGS = 40  # registers of the TMA warp (setmaxnreg); the consumers get WgmmaConfig.regs
+LOADER_REGS = 40  # registers of the TMA warp (setmaxnreg)
+CONSUMER_REGS = 232  # registers of each consumer warpgroup's threads: 8 x 32 x 232 + 4 x 32 x 40 fit the 64K register file
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -44,14 +45,15 @@ class WgmmaConfig:
     stages: int = 5
     unroll: int = 4
     group: int = 8
-    regs: int = 232
+    regs: int = CONSUMER_REGS
 
     def name(self) -> str:
         return f"wgmma128x128/st{self.stages}/u{self.unroll}" + (f"/g{self.group}" if self.group != 8 else "")
 
 
 @functools.cache
-def _kernels() -> ModuleType:
+def kernels() -> ModuleType:
+    """The Gluon kernel module, imported on first use (it needs Gluon's Hopper API)."""
     from . import gemm_wgmma_gluon
 
     return gemm_wgmma_gluon
@@ -60,7 +62,7 @@ def _kernels() -> ModuleType:
 def gluon_missing() -> str | None:
     """Why this Triton cannot build the kernel (None when it can)."""
     try:
-        _kernels()
+        kernels()
     except ImportError as e:
         return f"this Triton has no Gluon Hopper API ({e})"
     return None
@@ -97,12 +99,13 @@ def why_not(a: Side, w: Side, out_dtype: torch.dtype) -> str | None:
 
 @functools.cache
 def _layout(rows: int, cols: int, dtype: torch.dtype):
-    gl = _kernels().gl
+    gl = kernels().gl
     return gl.NVMMASharedLayout.get_default_for([rows, cols], {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
                                                                torch.float16: gl.float16, torch.float32: gl.float32}[dtype])  # fmt: skip
 
 
-def _descriptor(t: torch.Tensor, rows: int, cols: int):
+def descriptor(t: torch.Tensor, rows: int, cols: int):
+    """Gluon TMA descriptor of a 2-D tensor (last dim contiguous) in [rows, cols] boxes, NVMMA-swizzled."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], [rows, cols], _layout(rows, cols, t.dtype))
@@ -124,11 +127,11 @@ def wgmma_mm(
     if m == 0 or n == 0:
         return out
     tma_store = (n * out.element_size()) % 16 == 0  # else masked stores: TMA needs 16-byte aligned output rows
-    c_desc = _descriptor(out, BLOCK_M // 2, BLOCK_N) if tma_store else None
+    c_desc = descriptor(out, BLOCK_M // 2, BLOCK_N) if tma_store else None
     tiles = cdiv(m, BLOCK_M) * cdiv(n, BLOCK_N)
     grid = (min(tiles, (workspace or WORKSPACE).sm_count(out.device)),)
-    _kernels().fp8_block_gemm_ws[grid](
-        _descriptor(a.q, BLOCK_M, BLOCK_K), _descriptor(w.q, BLOCK_N, BLOCK_K), c_desc, a.s, w.s,
+    kernels().fp8_block_gemm_ws[grid](
+        descriptor(a.q, BLOCK_M, BLOCK_K), descriptor(w.q, BLOCK_N, BLOCK_K), c_desc, a.s, w.s,
         bias if bias is not None else out, out, m, n, k,
         a.s.stride(0), a.s.stride(1), w.s.stride(0), w.s.stride(1), out.stride(0),
         BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K, STAGES=cfg.stages, UNROLL=cfg.unroll, GROUP=cfg.group,

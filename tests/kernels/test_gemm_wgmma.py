@@ -27,7 +27,7 @@ from quantkit.formats import fp8_block
 from quantkit.kernels import dispatch
 from quantkit.kernels.gemm_block_scaled import Side
 from quantkit.kernels.gemm_fp8_block import FP8_BLOCK_CONFIGS, TILED_LARGE, TILED_MID, pick_config, table_config
-from quantkit.kernels.gemm_wgmma import LOADER_REGS, WgmmaConfig, gluon_missing, wgmma_available, why_not
+from quantkit.kernels.gemm_wgmma import CONSUMER_REGS, LOADER_REGS, WgmmaConfig, gluon_missing, wgmma_available, why_not
 
 
 def sides(m: int, n: int, k: int, kps: int = 128) -> tuple[Side, Side]:
@@ -150,7 +150,7 @@ def test_sm90_build_overlaps_the_promotion_without_serialising(tmp_path, tma_sto
 def test_sm90_moe_build_overlaps_the_promotion_without_serialising(tmp_path, gated, halves, bias, bm):
     """The sorted-row MoE kernel as fused_moe_sorted.sorted_gemm_wgmma launches it (concatenated halves: groups of 2)."""
     split = bm == 64
-    consts = {"BM": bm, "BN_WG": 64 if gated else 128, "BK": 128, "STAGES": 5, "UNROLL": 2 if halves else 4, "GROUP": 8, "REGS": 232,
+    consts = {"BM": bm, "BN_WG": 64 if gated else 128, "BK": 128, "STAGES": 5, "UNROLL": 2 if halves else 4, "GROUP": 8, "REGS": CONSUMER_REGS,
               "LOADER_REGS": LOADER_REGS, "GATED": gated, "HALVES": halves, "HAS_BIAS": bias, "ROUND": True, "ACT": 0 if halves else 1,
               "SPLIT_N": split}  # fmt: skip
     types = {"as_ptr": "*fp32", "ws_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16", "sorted_ptr": "*i32", "expert_ptr": "*i32",

@@ -366,14 +366,18 @@ def test_wgmma_rules_and_fallback(triton_device, gen, monkeypatch):
     assert "expert blocks of 64 or 128 rows only" in wgmma_why_not(w13, w2, GPT_OSS, 32, cpu)
     assert "sorted-row rules" in wgmma_why_not(odd13, odd2, SILU, 128, cpu)  # concatenated gate/up, I = 96
     assert wgmma_why_not(w13, w2, GPT_OSS, 128, cpu) in ("Gluon kernels do not run in Triton's CPU interpreter", "wgmma needs an NVIDIA GPU, got cpu")
-    wg = MoeConfig(128, 64, 128, num_stages=5, sorted_rows=True, wgmma=True)
-    assert wg.name().endswith("/sorted/wgmma")
+    assert MoeConfig(128, 64, 128, num_stages=5, sorted_rows=True, wgmma=True).name() == "128x64/128/w4/st5/sorted/wgmma"
+    wg = MoeConfig(32, 64, 128, sorted_rows=True, wgmma=True)  # 32-row blocks: refused on every machine, the H200 included
     x = torch.randn(40, 128, generator=gen).to(torch.bfloat16)
     w, ids = routed(40, 2, 2, gen)
-    with pytest.raises(ValueError, match=r"fused_moe 128x64/128/w4/st5/sorted/wgmma: .*(interpreter|NVIDIA GPU)"):
+    with pytest.raises(ValueError, match=r"fused_moe 32x64/128/w4/st3/sorted/wgmma: expert blocks of 64 or 128 rows only"):
         run_triton(x, w, ids, w13, w2, GPT_OSS, triton_device, wg)
     monkeypatch.setattr(fm, "pick_moe_config", lambda *a, **k: wg)
-    assert torch.equal(run_triton(x, w, ids, w13, w2, GPT_OSS, triton_device), run_triton(x, w, ids, w13, w2, GPT_OSS, triton_device, fm.PREFILL_TILED))
+    ran, sorted_experts = [], fm._experts_sorted
+    monkeypatch.setattr(fm, "_experts_sorted", lambda *a: ran.append(a[6]) or sorted_experts(*a))  # a[6]: the config it runs
+    out = run_triton(x, w, ids, w13, w2, GPT_OSS, triton_device)
+    assert ran == [fm.PREFILL_TILED], f"the table's wgmma row must fall back to PREFILL_TILED, ran {ran}"
+    assert torch.equal(out, run_triton(x, w, ids, w13, w2, GPT_OSS, triton_device, fm.PREFILL_TILED))
 
 
 def test_split_k_is_used_and_deterministic(triton_device, gen):

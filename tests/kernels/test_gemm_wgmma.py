@@ -24,9 +24,8 @@ import pytest
 import torch
 
 from quantkit.formats import fp8_block
-from quantkit.kernels import dispatch
 from quantkit.kernels.gemm_block_scaled import Side
-from quantkit.kernels.gemm_fp8_block import FP8_BLOCK_CONFIGS, TILED_LARGE, TILED_MID, pick_config, table_config
+from quantkit.kernels.gemm_fp8_block import FP8_BLOCK_CONFIGS, TILED_LARGE, TILED_MID, gemm_fp8_block, pick_config, table_config
 from quantkit.kernels.gemm_wgmma import CONSUMER_REGS, LOADER_REGS, WgmmaConfig, gluon_missing, wgmma_available, why_not
 
 
@@ -62,11 +61,12 @@ def test_table_takes_wgmma_above_the_small_m_kernel_and_falls_back_where_it_cann
 
 
 def test_explicit_config_raises_with_the_rule(gen):
+    """CPU operands, called directly (the dispatcher would refuse the device first on a CUDA machine)."""
     x = torch.randn(600, 256, generator=gen)
     a, sa = fp8_block.quantize_act(x)
     q, sw = fp8_block.quantize_weight(torch.randn(128, 256, generator=gen))
     with pytest.raises(ValueError, match=r"gemm_fp8_block wgmma128x128/st5/u4: .*(interpreter|NVIDIA GPU)"):
-        dispatch.call("gemm_fp8_block", a, sa, q, sw, backend="triton", config=WgmmaConfig())
+        gemm_fp8_block(a, sa, q, sw, config=WgmmaConfig())
 
 
 def test_config_names():

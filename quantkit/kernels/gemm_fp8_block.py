@@ -78,12 +78,14 @@ def table_config(table: ConfigTable, a: Side, w: Side, out_dtype: torch.dtype = 
     return cfg
 
 
-def run(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtype, cfg: KernelConfig, workspace: Workspace | None = None) -> torch.Tensor:
-    """Launch the kernel ``cfg`` names (small-M or tiled) on 2-D operands."""
+def run(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtype, cfg: KernelConfig, workspace: Workspace | None = None,
+        checked: bool = False) -> torch.Tensor:  # fmt: skip
+    """Launch the kernel ``cfg`` names (small-M or tiled) on 2-D operands (``checked``: ``cfg`` came
+    from :func:`table_config`, which has asked the wgmma rules already)."""
     if isinstance(cfg, SkinnyConfig):
         return skinny_mm(a, w, bias, out_dtype, cfg, workspace)
     if isinstance(cfg, WgmmaConfig):
-        return wgmma_mm(a, w, bias, out_dtype, cfg, workspace)
+        return wgmma_mm(a, w, bias, out_dtype, cfg, workspace, checked)
     return block_scaled_mm(a, w, bias, out_dtype, cfg, workspace)
 
 
@@ -110,7 +112,7 @@ def matmul(
     operand -> out_dtype [..., N]; ``config`` or the table's for these operands."""
     a2, s2 = flatten_act(a, a_scale)
     sa = a_side(a2, s2)
-    out = run(sa, w, bias, out_dtype, config or table_config(table, sa, w, out_dtype), workspace)
+    out = run(sa, w, bias, out_dtype, config or table_config(table, sa, w, out_dtype), workspace, checked=config is None)
     return out if a.dim() == 2 else out.reshape(*a.shape[:-1], w.q.shape[0])
 
 

@@ -25,7 +25,7 @@ import torch
 
 from .dispatch import Availability
 from .gemm_block_scaled import BLOCK_K, INT32_LIMIT, WORKSPACE, Side, Workspace, cdiv, check_side, tma_ok
-from .triton_numerics import interpreted
+from .triton_numerics import capability, interpreted
 
 BLOCK_M = 128  # two consumer warpgroups of 64 rows
 BLOCK_N = 128  # one weight scale per tile column block
@@ -74,7 +74,7 @@ def wgmma_available(device: torch.device) -> Availability:
         return Availability(False, reason="Gluon kernels do not run in Triton's CPU interpreter")
     if device.type != "cuda" or torch.version.hip is not None:
         return Availability(False, reason=f"wgmma needs an NVIDIA GPU, got {device.type}")
-    major, minor = torch.cuda.get_device_capability(device)
+    major, minor = capability(device)
     if major != 9:
         return Availability(False, reason=f"wgmma is sm_90 only, got sm_{major}{minor}")
     missing = gluon_missing()
@@ -112,15 +112,17 @@ def descriptor(t: torch.Tensor, rows: int, cols: int):
 
 
 def wgmma_mm(
-    a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtype, cfg: WgmmaConfig, workspace: Workspace | None = None
+    a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtype, cfg: WgmmaConfig, workspace: Workspace | None = None,
+    checked: bool = False,
 ) -> torch.Tensor:
-    """[M, K] x [N, K] -> out_dtype [M, N] (+ bias [N]); raises where :func:`why_not` names a rule."""
+    """[M, K] x [N, K] -> out_dtype [M, N] (+ bias [N]); raises where :func:`why_not` names a rule
+    (``checked``: the caller's table choice has just asked it)."""
     m, k = a.q.shape
     n = w.q.shape[0]
     check_side(a, "activation", k)
     check_side(w, "weight", k)
     assert bias is None or tuple(bias.shape) == (n,), f"bias must be [{n}], got {None if bias is None else tuple(bias.shape)}"
-    reason = why_not(a, w, out_dtype)
+    reason = None if checked else why_not(a, w, out_dtype)
     if reason:
         raise ValueError(f"gemm_fp8_block {cfg.name()}: {reason}")
     out = torch.empty((m, n), dtype=out_dtype, device=a.q.device)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from ..formats import fp8_block, mxfp8
 from . import dispatch
+from .triton_numerics import capability
 
 BLOCK = fp8_block.BLOCK
 CUBLAS_PRIORITY = 5  # explicit, or through "by-shape"; it re-lays out scales on every call
@@ -148,7 +149,7 @@ def by_shape_choice(m: int, n: int, k: int) -> str:
 def cublas_available(device: torch.device) -> dispatch.Availability:
     if device.type != "cuda":
         return dispatch.Availability(False, reason=f"cuBLAS needs a CUDA device, got {device.type}")
-    major, minor = torch.cuda.get_device_capability(device)
+    major, minor = capability(device)
     if major != 9:
         return dispatch.Availability(False, reason=f"block-wise (1x128, 128x128) scaled_mm is SM90-only in torch, got sm_{major}{minor}")
     return dispatch.Availability(True, auto=False, reason="explicit only: re-lays out scales per call")

@@ -28,6 +28,8 @@ rounded on every Triton target (NVIDIA GPUs and the CPU interpreter):
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -252,10 +254,21 @@ def interpreted() -> bool:
     return isinstance(pow2, InterpretedFunction)
 
 
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) of a CUDA device, asked of the driver once per device (launchers ask on
+    every call: torch's own query costs several microseconds of host time each)."""
+    return _capability(torch.cuda.current_device() if device.index is None else device.index)
+
+
 def hw_e4m3(device: torch.device, requested: bool | None = None) -> bool:
     """Whether kernels on ``device`` round to E4M3 with the hardware cast: where it is exact
     (compiled, NVIDIA sm_90+) unless ``requested`` is False; True where it is not exact raises."""
-    exact = not interpreted() and device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (9, 0)
+    exact = not interpreted() and device.type == "cuda" and torch.version.hip is None and capability(device) >= (9, 0)
     if requested and not exact:
         raise ValueError(f"the hardware E4M3 cast is not exact RNE on {device} here (needs compiled Triton on NVIDIA sm_90+)")
     return exact if requested is None else requested

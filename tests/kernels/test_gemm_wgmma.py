@@ -158,3 +158,33 @@ def test_sm90_moe_build_overlaps_the_promotion_without_serialising(tmp_path, gat
              "w_desc": ["fp8e4nv", 64 if halves else 256 if split else 128, 128]}  # fmt: skip
     ptx, facts, report = _build_sm90(tmp_path, "moe_gemm_ws", consts, types)
     _assert_pipelined(ptx, facts, report)
+
+
+def test_table_choice_asks_the_rules_once(gen, monkeypatch):
+    """A table-chosen wgmma launch does not ask :func:`why_not` again (5 us of host time a call);
+    an explicit config still does (tests above: it raises with the rule)."""
+    from quantkit.kernels import gemm_fp8_block as mod
+
+    asked, launched = [], []
+    monkeypatch.setattr(mod, "why_not", lambda a, w, out_dtype: asked.append(1))  # None: as on an H200
+    monkeypatch.setattr(mod, "wgmma_mm", lambda a, w, bias, out_dtype, cfg, workspace=None, checked=False: launched.append(checked) or
+                        torch.zeros(a.q.shape[0], w.q.shape[0], dtype=out_dtype))  # fmt: skip
+    a, sa = fp8_block.quantize_act(torch.randn(600, 256, generator=gen))
+    q, sw = fp8_block.quantize_weight(torch.randn(128, 256, generator=gen))
+    mod.gemm_fp8_block(a, sa, q, sw)
+    assert asked == [1] and launched == [True]
+    mod.gemm_fp8_block(a, sa, q, sw, config=WgmmaConfig())
+    assert asked == [1] and launched == [True, False]
+
+
+def test_device_capability_is_asked_once_per_device(monkeypatch):
+    from quantkit.kernels import triton_numerics as tn
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: calls.append(index) or (9, 0))
+    tn._capability.cache_clear()
+    try:
+        assert [tn.capability(torch.device("cuda", 1)) for _ in range(3)] == [(9, 0)] * 3
+        assert calls == [1]
+    finally:
+        tn._capability.cache_clear()

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from . import dispatch
 from .attention import check_heads, check_window
-from .triton_numerics import PRIORITY, available, interpreted
+from .triton_numerics import PRIORITY, available, cdiv, interpreted, next_pow2
 
 LOG2E = 1.4426950408889634
 
@@ -206,7 +206,7 @@ def check_operands(tensors: dict[str, torch.Tensor], indices: dict[str, torch.Te
 
 
 def pow2(n: int, least: int = 16) -> int:
-    return max(least, triton.next_power_of_2(n))
+    return max(least, next_pow2(n))
 
 
 def default_prefill_config(head_dim: int) -> PrefillConfig:
@@ -252,7 +252,7 @@ def attention_prefill(
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     cfg = config or default_prefill_config(d)
     dot, precision = dot_dtype(q.dtype)
-    num_m_blocks = triton.cdiv(max_seqlen_q, cfg.block_m)
+    num_m_blocks = cdiv(max_seqlen_q, cfg.block_m)
     bt = block_tables if paged else cu_seqlens_q  # unread when not paged
     _prefill_kernel[(num_m_blocks, hq, n_seqs)](
         q, k, v, out, sinks if sinks is not None else q, cu_seqlens_q, cu_seqlens_k, bt,

@@ -19,6 +19,7 @@ The registry (:data:`REGISTRY`) is the only module-level state.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,6 +146,17 @@ def ops() -> list[str]:
 def backends(op: str) -> list[str]:
     """Registered backends of ``op``, highest priority first."""
     return [b.name for b in REGISTRY.ranked(op)]
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) of a CUDA device, asked of the driver once per device (launchers ask on
+    every call: torch's own query costs several microseconds of host time each)."""
+    return _capability(torch.cuda.current_device() if device.index is None else device.index)
 
 
 def device_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device:

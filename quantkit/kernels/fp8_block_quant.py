@@ -24,7 +24,20 @@ import triton.language as tl
 from ..formats import e8m0, fp8_block
 from ..formats.rounding import NEAREST, Rounding
 from . import dispatch
-from .triton_numerics import PRIORITY, abs_max, available, check_input, divide, e4m3_code, fp8_block_scale, hw_e4m3, random20, stream_key_i32, wraps
+from .triton_numerics import (
+    PRIORITY,
+    abs_max,
+    available,
+    cdiv,
+    check_input,
+    divide,
+    e4m3_code,
+    fp8_block_scale,
+    hw_e4m3,
+    random20,
+    stream_key_i32,
+    wraps,
+)
 
 # launch configurations scripts/bench_formats.py sweeps (the first is the default); all give the same
 # bytes.  rows: tile rows per pass (128: the tile is loaded once and kept in registers; fewer: two
@@ -108,7 +121,7 @@ def quantize_weight(
     assert block in (32, 64, 128), f"tile size must be a power of two <= 128, got {block}"
     check_input(w, "fp8-block weight")
     n, k = w.shape[-2:]
-    tiles_n, tiles_k = triton.cdiv(n, block), triton.cdiv(k, block)
+    tiles_n, tiles_k = cdiv(n, block), cdiv(k, block)
     q = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device)  # [..., N, K]
     s = torch.empty((*w.shape[:-2], tiles_n, tiles_k), dtype=torch.float32, device=w.device)  # [..., tn, tk]
     k0, k1 = stream_key_i32(rounding)

@@ -37,11 +37,13 @@ from .triton_numerics import (
     abs_max,
     available,
     bf16_round,
+    cdiv,
     divide,
     e4m3_code,
     e8m0_exponent,
     fp8_block_scale,
     hw_e4m3,
+    next_pow2,
     pow2,
 )
 
@@ -200,7 +202,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 def _outputs(lead: tuple[int, ...], k: int, group: int, scale_dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty((*lead, k), dtype=torch.float8_e4m3fn, device=device)  # [..., K]
-    s = torch.empty((*lead, triton.cdiv(k, group)), dtype=scale_dtype, device=device)  # [..., ceil(K/G)]
+    s = torch.empty((*lead, cdiv(k, group)), dtype=scale_dtype, device=device)  # [..., ceil(K/G)]
     return q, s
 
 
@@ -216,12 +218,12 @@ def rmsnorm_act_quant(
     k = x.shape[-1]
     x2, w = _rows(x), weight.contiguous()
     q, s = _outputs(x.shape[:-1], k, group, scale_dtype, x.device)
-    m, n_groups = x2.shape[0], triton.cdiv(k, group)
+    m, n_groups = x2.shape[0], cdiv(k, group)
     out_dtype = torch.promote_types(weight.dtype, x.dtype) if order == "hf" else x.dtype
-    block_m = min(block_m, triton.next_power_of_2(max(m, 1)))
-    groups = min(groups, triton.next_power_of_2(n_groups))
+    block_m = min(block_m, next_pow2(max(m, 1)))
+    groups = min(groups, next_pow2(n_groups))
     if m:
-        _rmsnorm_quant_kernel[(triton.cdiv(m, block_m),)](
+        _rmsnorm_quant_kernel[(cdiv(m, block_m),)](
             x2, w, q.view(torch.uint8), s, m, k, n_groups, x2.stride(0), float(k), ref.f32(eps),
             G=group, BLOCK_M=block_m, UNROLL=unroll, GROUPS=groups, MODE=mode, RCEIL=rule == "rceil", HW_CAST=hw_e4m3(x.device, hw_cast),
             ROUND_H=order == "hf" and x.dtype == torch.bfloat16, ROUND_Y=out_dtype == torch.bfloat16,
@@ -235,12 +237,12 @@ def _launch_act(
     tile: tuple[int, int], num_warps: int, hw_cast: bool | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     mode, group, scale_dtype = _mode(fmt, scale_fmt)
-    (m, n), n_groups = gate.shape, triton.cdiv(gate.shape[1], group)  # gate, up: [M, N] views, unit column stride or 2
+    (m, n), n_groups = gate.shape, cdiv(gate.shape[1], group)  # gate, up: [M, N] views, unit column stride or 2
     q, s = _outputs(lead, n, group, scale_dtype, gate.device)
-    block_m = min(tile[0], triton.next_power_of_2(max(m, 1)))
-    groups = min(tile[1], triton.next_power_of_2(n_groups))
+    block_m = min(tile[0], next_pow2(max(m, 1)))
+    groups = min(tile[1], next_pow2(n_groups))
     if m:
-        grid = (triton.cdiv(m, block_m), triton.cdiv(n_groups, groups))
+        grid = (cdiv(m, block_m), cdiv(n_groups, groups))
         _act_quant_kernel[grid](
             gate, up, q.view(torch.uint8), s, m, n, n_groups, *gate.stride(), *up.stride(), alpha, limit,
             ACT=act, ROUND=gate.dtype == torch.bfloat16, G=group, BLOCK_M=block_m, GROUPS=groups, MODE=mode,

@@ -45,7 +45,7 @@ from .group_quant import act_quant_fp8_block, mxfp8_quantize
 from .moe_common import add_bias, moe_activation, moe_mma
 from .moe_routing import Alignment, align
 from .triton_numerics import (
-    PRIORITY, abs_max, available, bf16_round, divide, e4m3_code, e8m0_decode, e8m0_exponent, fp8_block_scale, hw_e4m3, interpreted, pow2,
+    PRIORITY, abs_max, available, bf16_round, cdiv, divide, e4m3_code, e8m0_decode, e8m0_exponent, fp8_block_scale, hw_e4m3, interpreted, next_pow2, pow2,
 )  # fmt: skip
 
 BLOCK_K = 128
@@ -288,7 +288,7 @@ def _gemm(a: torch.Tensor, sa: torch.Tensor | None, w: ExpertWeights, out: torch
     uniform = fp8b and 128 % (block_n * row_step) == 0 and up_off % (1 if interleaved else 128) == 0
     bias = w.bias if w.bias is not None else out
     cap = al.sorted_ids.shape[0]
-    tiles = triton.cdiv(cap, al.block_m) * triton.cdiv(n_out, block_n)
+    tiles = cdiv(cap, al.block_m) * cdiv(n_out, block_n)
     split, per = moe_split(cfg, tiles, n_slots, n_out, block_n, k, out.device)
     part, count = (out, out)
     if split > 1:
@@ -313,13 +313,13 @@ def moe_split(cfg: MoeConfig, tiles: int, n_pairs: int, n_out: int, block_n: int
     (token, slot) pairs the busy programs -- at most min(row blocks, pairs) x column tiles -- cannot
     fill ``waves`` per SM, so K is split until they can (at least 2 K-blocks per split); the
     partial sums are reduced in split order (deterministic)."""
-    n_kb = triton.cdiv(k, BLOCK_K)
+    n_kb = cdiv(k, BLOCK_K)
     want = cfg.split_k
     if not want:
-        busy = min(tiles // triton.cdiv(n_out, block_n), n_pairs) * triton.cdiv(n_out, block_n)
-        want = max(1, min(triton.cdiv(cfg.waves * WORKSPACE.sm_count(device), max(busy, 1)), n_kb // 2))
-    per = triton.cdiv(n_kb, max(1, min(want, n_kb)))
-    return triton.cdiv(n_kb, per), per
+        busy = min(tiles // cdiv(n_out, block_n), n_pairs) * cdiv(n_out, block_n)
+        want = max(1, min(cdiv(cfg.waves * WORKSPACE.sm_count(device), max(busy, 1)), n_kb // 2))
+    per = cdiv(n_kb, max(1, min(want, n_kb)))
+    return cdiv(n_kb, per), per
 
 
 def fused_moe(
@@ -351,9 +351,9 @@ def fused_moe(
         _experts_sorted(x.contiguous(), w13, w2, spec, al, k, cfg, y)
     else:
         _experts_gathered(x.contiguous(), w13, w2, spec, al, k, cfg, y)
-    block_h = min(1024, triton.next_power_of_2(h))
+    block_h = min(1024, next_pow2(h))
     w = topk_weights.to(torch.float32).contiguous()
-    _combine_kernel[(t, triton.cdiv(h, block_h))](y, w, out, h, TOP_K=k, ROUND=x.dtype == torch.bfloat16, BLOCK_H=block_h)
+    _combine_kernel[(t, cdiv(h, block_h))](y, w, out, h, TOP_K=k, ROUND=x.dtype == torch.bfloat16, BLOCK_H=block_h)
     return out
 
 

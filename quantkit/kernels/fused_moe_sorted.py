@@ -40,7 +40,7 @@ from .fused_moe_ref import ExpertWeights, MoeSpec
 from .gemm_block_scaled import WORKSPACE, tile_coords
 from .moe_common import add_bias, moe_activation, moe_mma
 from .moe_routing import Alignment
-from .triton_numerics import bf16_round, e8m0_decode, interpreted, times_group_scales
+from .triton_numerics import bf16_round, cdiv, e8m0_decode, interpreted, times_group_scales
 
 BLOCK_K = 128
 
@@ -174,7 +174,7 @@ def sorted_gemm(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: torch.
     a_desc = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, sub_k])
     w_desc = TensorDescriptor(w.q, [e, nw, k], list(w.q.stride()), [1, rows, sub_k])
     bias = w.bias if w.bias is not None else out
-    tiles = triton.cdiv(cap, bm) * triton.cdiv(n_out, block_n)
+    tiles = cdiv(cap, bm) * cdiv(n_out, block_n)
     _sorted_gemm_kernel[(tiles,)](
         a_desc, sa.view(torch.uint8) if mx else sa, w_desc, ws, bias, out, al.sorted_ids, al.expert_ids, al.num_padded,
         n_slots, cap, n_out, k, nw, n_out if gated and not interleaved else 0, spec.alpha, spec.limit,
@@ -229,7 +229,7 @@ def sorted_gemm_wgmma(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: 
     w_desc = gemm_wgmma.descriptor(w.q.view(e * nw, k), 64 if halves else 256 if split else 128, BLOCK_K)  # expert e's rows start at e * nw
     bias = w.bias if w.bias is not None else out
     ws = w.scale
-    tiles = triton.cdiv(cap, bm) * triton.cdiv(n_out, bn_wg * (2 if split else 1))
+    tiles = cdiv(cap, bm) * cdiv(n_out, bn_wg * (2 if split else 1))
     grid = (min(tiles, WORKSPACE.sm_count(out.device)),)
     gemm_wgmma.kernels().moe_gemm_ws[grid](
         a_desc, w_desc, sa, ws, bias, out, al.sorted_ids, al.expert_ids, al.num_padded, n_slots, cap, n_out, nw, k,

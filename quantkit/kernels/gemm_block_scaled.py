@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_numerics import e8m0_decode, interpreted
+from .triton_numerics import cdiv, e8m0_decode, interpreted
 
 BLOCK_K = 128
 INT32_LIMIT = 2**31
@@ -322,11 +322,6 @@ def _tiled_kernel(
                 _store_out(total, c_ptr, bias_ptr, offs_p, offs_q, P, Q, scp, scq, HAS_BIAS, BIAS_ON_P)
         else:
             _store_out(acc, c_ptr, bias_ptr, offs_p, offs_q, P, Q, scp, scq, HAS_BIAS, BIAS_ON_P)
-
-
-def cdiv(a: int, b: int) -> int:
-    """Host ceil-division (``triton.cdiv`` runs through Triton's JIT call machinery: ~5 us a call)."""
-    return -(-a // b)
 
 
 def auto_split(tiles: int, n_kb: int, sms: int) -> int:

@@ -29,12 +29,14 @@ from .triton_numerics import (
     PRIORITY,
     abs_max,
     available,
+    cdiv,
     check_input,
     divide,
     e4m3_code,
     e8m0_exponent,
     fp8_block_scale,
     hw_e4m3,
+    next_pow2,
     pow2,
     random20,
     stream_key_i32,
@@ -107,14 +109,14 @@ def _launch(
     assert group >= 16 and group & (group - 1) == 0, f"group must be a power of two >= 16, got {group}"
     k = x.shape[-1]
     m = x.numel() // k if k else 0
-    n_groups = triton.cdiv(k, group)
+    n_groups = cdiv(k, group)
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)  # [..., K]
     s = torch.empty((*x.shape[:-1], n_groups), dtype=scale_dtype, device=x.device)  # [..., ceil(K/G)]
-    block_m = min(tile[0], triton.next_power_of_2(max(m, 1)))
-    groups = min(tile[1], triton.next_power_of_2(max(n_groups, 1)))
+    block_m = min(tile[0], next_pow2(max(m, 1)))
+    groups = min(tile[1], next_pow2(max(n_groups, 1)))
     k0, k1 = stream_key_i32(rounding)
     if m and k:
-        grid = (triton.cdiv(m, block_m), triton.cdiv(n_groups, groups))
+        grid = (cdiv(m, block_m), cdiv(n_groups, groups))
         _group_quant_kernel[grid](
             x, q.view(torch.uint8), s, m, k, n_groups, k0, k1, rounding.offset,
             G=group, BLOCK_M=block_m, GROUPS=groups, MODE=mode, RCEIL=rule == "rceil",

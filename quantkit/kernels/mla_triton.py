@@ -38,7 +38,7 @@ from . import dispatch
 from .attention_triton import LOG2E, check_operands, dot_dtype, paged_rows, pow2, softmax_step
 from .attention_triton_decode import merge_splits, num_splits, split_range, write_split
 from .mla import check_mla
-from .triton_numerics import PRIORITY, available, interpreted
+from .triton_numerics import PRIORITY, available, cdiv, interpreted
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def mla_decode(
     out = torch.empty(b, h, rank, dtype=q_lat.dtype, device=dev)  # [B, H, rank]
     if b == 0:
         return out
-    head_blocks = triton.cdiv(h, cfg.block_h)
+    head_blocks = cdiv(h, cfg.block_h)
     splits = cfg.num_splits or num_splits(b, head_blocks, block_tables.shape[1] * block_size, cfg.block_n, dev)
     dot, precision = dot_dtype(q_lat.dtype)
     final = splits == 1

@@ -44,6 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_numerics import cdiv, next_pow2
+
 RULES = ("topk_softmax", "softmax_topk", "grouped_sigmoid")
 
 
@@ -95,7 +97,7 @@ class Alignment(NamedTuple):
 def align_capacity(n: int, num_experts: int, block_m: int) -> int:
     """Rows of ``sorted_ids`` for n (token, slot) pairs: the worst case, a multiple of block_m."""
     worst = n + min(num_experts, n) * (block_m - 1)
-    return triton.cdiv(worst, block_m) * block_m
+    return cdiv(worst, block_m) * block_m
 
 
 def _check_ids(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> int:
@@ -216,13 +218,13 @@ def align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alig
     # debug=True keeps the device assertion on ids; sanitize_overflow=False leaves the arithmetic unchecked
     opts = {"debug": True, "sanitize_overflow": False}
     if n <= SMALL_N_MAX:
-        n_p2 = max(16, triton.next_power_of_2(n))  # one compile per (N, BLOCK_M), none per E
+        n_p2 = max(16, next_pow2(n))  # one compile per (N, BLOCK_M), none per E
         warps = max(4, n_p2 * n_p2 // 1024)  # at most 32 values of an [N, N] tile per thread
         fill = min(2048, n_p2 * block_m)  # padding rows per store; cap <= n * BLOCK_M
         _align_small_kernel[(1,)](ids, *out, n, num_experts, cap, cap // block_m,
                                   N=n_p2, BLOCK_M=block_m, FILL=fill, num_warps=warps, **opts)  # fmt: skip
     else:
-        e_p2 = triton.next_power_of_2(num_experts)  # masked entries read E_P2, which matches no column
+        e_p2 = next_pow2(num_experts)  # masked entries read E_P2, which matches no column
         chunk = max(16, min(1024, 16384 // e_p2))  # [chunk, E_P2] compare tiles; one compile per E
         _align_kernel[(1,)](ids, *out, n, cap, cap // block_m,
                             E=num_experts, E_P2=e_p2, CHUNK=chunk, BLOCK_M=block_m, num_warps=8, **opts)  # fmt: skip
@@ -236,6 +238,6 @@ def align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
     """:func:`align_triton` (one launch: decode, and any E for n <= ``SMALL_N_MAX``) or
     :func:`align_torch` (sort: prefill); the same bytes."""
     n = topk_ids.numel()
-    if n <= SMALL_N_MAX or n * triton.next_power_of_2(num_experts) <= ONE_PROGRAM_MAX:
+    if n <= SMALL_N_MAX or n * next_pow2(num_experts) <= ONE_PROGRAM_MAX:
         return align_triton(topk_ids, num_experts, block_m)
     return align_torch(topk_ids, num_experts, block_m)

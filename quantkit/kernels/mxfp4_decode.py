@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from . import dispatch
-from .triton_numerics import PRIORITY, available, e8m0_decode
+from .triton_numerics import PRIORITY, available, cdiv, e8m0_decode
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # launch configurations scripts/bench_formats.py sweeps (the first is the default); all give the same bytes
@@ -80,6 +80,6 @@ def mxfp4_decode(
     if n_blocks:
         bf16 = dtype == torch.bfloat16
         dst = out.view(torch.int16) if bf16 else out
-        grid = (triton.cdiv(n_blocks, block_n),)
+        grid = (cdiv(n_blocks, block_n),)
         _mxfp4_decode_kernel[grid](blocks, scales, dst, n_blocks, BLOCK_N=block_n, BF16_BITS=bf16, num_warps=num_warps)
     return out

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from ..formats import fp8_block, mxfp8
 from . import dispatch
-from .triton_numerics import capability
+from .dispatch import capability
 
 BLOCK = fp8_block.BLOCK
 CUBLAS_PRIORITY = 5  # explicit, or through "by-shape"; it re-lays out scales on every call

@@ -28,8 +28,6 @@ rounded on every Triton target (NVIDIA GPUs and the CPU interpreter):
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -37,7 +35,7 @@ from triton.language.extra.cuda import libdevice
 from triton.runtime.interpreter import InterpretedFunction
 
 from ..formats import rounding
-from .dispatch import Availability
+from .dispatch import Availability, capability
 
 PRIORITY = 10  # above the torch reference (0); a cuBLAS/FlashInfer backend may rank higher
 AMAX_FLOOR: tl.constexpr = tl.constexpr(1e-4)  # formats.fp8_block.AMAX_FLOOR
@@ -254,15 +252,15 @@ def interpreted() -> bool:
     return isinstance(pow2, InterpretedFunction)
 
 
-@functools.cache
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
+def cdiv(a: int, b: int) -> int:
+    """Host ceil-division: ``triton.cdiv`` goes through Triton's constexpr-function call machinery,
+    about 1-2 us a call, and a launcher asks several per launch."""
+    return -(-a // b)
 
 
-def capability(device: torch.device) -> tuple[int, int]:
-    """(major, minor) of a CUDA device, asked of the driver once per device (launchers ask on
-    every call: torch's own query costs several microseconds of host time each)."""
-    return _capability(torch.cuda.current_device() if device.index is None else device.index)
+def next_pow2(n: int) -> int:
+    """Host ``triton.next_power_of_2`` (same values, 0 -> 0), without its call machinery."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 def hw_e4m3(device: torch.device, requested: bool | None = None) -> bool:

@@ -178,7 +178,7 @@ def test_table_choice_asks_the_rules_once(gen, monkeypatch):
 
 
 def test_device_capability_is_asked_once_per_device(monkeypatch):
-    from quantkit.kernels import triton_numerics as tn
+    from quantkit.kernels import dispatch as tn
 
     calls = []
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: calls.append(index) or (9, 0))
@@ -188,3 +188,12 @@ def test_device_capability_is_asked_once_per_device(monkeypatch):
         assert calls == [1]
     finally:
         tn._capability.cache_clear()
+
+
+def test_host_cdiv_and_next_pow2_match_triton():
+    import triton
+
+    from quantkit.kernels.triton_numerics import cdiv, next_pow2
+
+    assert all(next_pow2(n) == triton.next_power_of_2(n) for n in range(0, 5000))
+    assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 700, 7) for b in (1, 3, 16, 128))

@@ -148,3 +148,14 @@ def test_without_triton_the_reference_runs_and_triton_requests_say_why():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "triton is not importable" in out.stdout
+
+
+def test_device_capability_is_asked_once_per_device(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: calls.append(index) or (9, 0))
+    dispatch._capability.cache_clear()
+    try:
+        assert [dispatch.capability(torch.device("cuda", 1)) for _ in range(3)] == [(9, 0)] * 3
+        assert calls == [1]
+    finally:
+        dispatch._capability.cache_clear()

@@ -176,24 +176,3 @@ def test_table_choice_asks_the_rules_once(gen, monkeypatch):
     mod.gemm_fp8_block(a, sa, q, sw, config=WgmmaConfig())
     assert asked == [1] and launched == [True, False]
 
-
-def test_device_capability_is_asked_once_per_device(monkeypatch):
-    from quantkit.kernels import dispatch as tn
-
-    calls = []
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: calls.append(index) or (9, 0))
-    tn._capability.cache_clear()
-    try:
-        assert [tn.capability(torch.device("cuda", 1)) for _ in range(3)] == [(9, 0)] * 3
-        assert calls == [1]
-    finally:
-        tn._capability.cache_clear()
-
-
-def test_host_cdiv_and_next_pow2_match_triton():
-    import triton
-
-    from quantkit.kernels.triton_numerics import cdiv, next_pow2
-
-    assert all(next_pow2(n) == triton.next_power_of_2(n) for n in range(0, 5000))
-    assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 700, 7) for b in (1, 3, 16, 128))

@@ -174,3 +174,12 @@ def test_act_quant_edges_and_specials(triton_device, group):
             ref = fp8_block.quantize_act(x, scale_fmt, rule, group)
             out = triton("act_quant_fp8_block", x.to(triton_device), scale_fmt, rule, group)
             check_pair(ref, out, f"act_quant specials g{group} {scale_fmt}/{rule}", x)
+
+
+def test_host_cdiv_and_next_pow2_match_triton():
+    import triton
+
+    from quantkit.kernels.triton_numerics import cdiv, next_pow2
+
+    assert all(next_pow2(n) == triton.next_power_of_2(n) for n in range(0, 5000))
+    assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 700, 7) for b in (1, 3, 16, 128))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import replace
 
 from bench_common import Bench, Row, close_check, fmt, geomean, pct
 
@@ -168,8 +167,9 @@ def cublas_probe(b: Bench) -> None:
 def gemm_one(b: Bench, case: str, m: int, n: int, k: int, wt: dict) -> None:
     """Main pass at one (shape, M): baselines, the Triton op's table, by-shape, the MXFP8 paths."""
     torch = b.torch
-    from quantkit.kernels import dispatch, gemm_mxfp8 as gmx, scaled_mm
+    from quantkit.kernels import dispatch, scaled_mm
     from quantkit.kernels import gemm_fp8_block as g8
+    from quantkit.kernels import gemm_mxfp8 as gmx
 
     x = gemm_acts(b, m, n, k, wt)
     a, sa, am, sam = x["a"], x["sa"], x["am"], x["sam"]
@@ -184,7 +184,7 @@ def gemm_one(b: Bench, case: str, m: int, n: int, k: int, wt: dict) -> None:
         b.measure(fam, case, mnk, "cublas", lambda: scaled_mm.scaled_mm_prepared(ap, sa_c, wt["cw"], None, torch.bfloat16)[:m], flops, b8, fp8_peak, c8, pad, host=True)
         b.measure(fam, case, mnk, "by-shape", lambda: dispatch.call("gemm_fp8_block", a, sa, wt["q"], wt["sw"], backend="by-shape"),
                   flops, b8, fp8_peak, c8, scaled_mm.by_shape_choice(m, n, k), host=True)  # fmt: skip
-    cfg = g8.pick_config(g8.FP8_BLOCK_CONFIGS, m)
+    cfg = g8.fp8_block_config(a, sa, wt["q"], wt["sw"])
     b.measure(fam, case, mnk, "triton", lambda: g8.gemm_fp8_block(a, sa, wt["q"], wt["sw"]), flops, b8, fp8_peak, c8, cfg.name(), host=True)
     mx_calls = {
         "mx": (lambda: gmx.gemm_mxfp8(am, sam, wt["qm"], wt["sm"]), g8.pick_config(gmx.MXFP8_CONFIGS, m).name()),

@@ -158,22 +158,23 @@ def _quant_group(x, QMODE: tl.constexpr, RCEIL: tl.constexpr, HW_CAST: tl.conste
 
 
 @triton.jit
-def _moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
+def _moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, a_ok, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
               s_am, s_asm, s_wn, s_wsn, GATED: tl.constexpr, A_KPS: tl.constexpr, A_E8M0: tl.constexpr,
               W_RPS: tl.constexpr, W_KPS: tl.constexpr, W_E8M0: tl.constexpr, W_UNIFORM: tl.constexpr,
               UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr, QMODE: tl.constexpr, RCEIL: tl.constexpr,
               HW_CAST: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
-    """One 128-column block of K: its SUB_K sub-blocks, each product promoted with both scales."""
+    """One 128-column block of K: its SUB_K sub-blocks, each product promoted with both scales.  Padding rows (a_ok
+    false) are not read: they load as zeros."""
     offs_k = tl.arange(0, SUB_K)
     for j in tl.static_range(BLOCK_K // SUB_K):
         ks = kb * BLOCK_K + j * SUB_K + offs_k
         a_ptrs = a_ptr + a_row[:, None] * s_am + ks[None, :]  # [BM, SUB_K]
         wg_ptrs = w_e + row_g[None, :] * s_wn + ks[:, None]  # [SUB_K, BN]
         if MASKED:
-            a = tl.load(a_ptrs, mask=(ks < K)[None, :], other=0.0)
+            a = tl.load(a_ptrs, mask=a_ok[:, None] & (ks < K)[None, :], other=0.0)
             wg = tl.load(wg_ptrs, mask=(ks < K)[:, None], other=0.0)
         else:
-            a = tl.load(a_ptrs)
+            a = tl.load(a_ptrs, mask=a_ok[:, None], other=0.0)
             wg = tl.load(wg_ptrs)
         wcol = (kb * BLOCK_K + j * SUB_K) // W_KPS
         if QMODE >= 0:  # a holds x.dtype values: quantize its group (SUB_K columns) here
@@ -213,7 +214,7 @@ def _moe_gemm_kernel(
     e = tl.load(expert_ptr + pid_m).to(tl.int64)
     slot = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))  # [BM]; n_slots = padding
     valid = slot < n_slots
-    a_row = tl.where(valid, slot // TOP_K, 0)  # padding rows re-read row 0 and are never stored
+    a_row = tl.where(valid, slot // TOP_K, 0)  # padding rows: not read (masked), never stored
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_g = (offs_n % N) * ROW_STEP  # weight rows of the gate (or only) half; wrapped columns never stored
     row_u = row_g + up_off
@@ -226,11 +227,11 @@ def _moe_gemm_kernel(
     kb_lo = tl.program_id(1) * kb_per_split
     kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))
     for kb in range(kb_lo, tl.minimum(kb_hi, n_full)):
-        acc_g, acc_u = _moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
+        acc_g, acc_u = _moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, valid, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
                                  s_am, s_asm, s_wn, s_wsn, GATED, A_KPS, A_E8M0, W_RPS, W_KPS, W_E8M0, W_UNIFORM, UPCAST, UP_DTYPE,
                                  QMODE, RCEIL, HW_CAST, BLOCK_K, SUB_K, False)  # fmt: skip
     if (kb_hi > n_full) & (kb_lo <= n_full):  # this split holds the partial last block
-        acc_g, acc_u = _moe_step(acc_g, acc_u, n_full, a_ptr, as_ptr, w_e, ws_e, a_row, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
+        acc_g, acc_u = _moe_step(acc_g, acc_u, n_full, a_ptr, as_ptr, w_e, ws_e, a_row, valid, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
                                  s_am, s_asm, s_wn, s_wsn, GATED, A_KPS, A_E8M0, W_RPS, W_KPS, W_E8M0, W_UNIFORM, UPCAST, UP_DTYPE,
                                  QMODE, RCEIL, HW_CAST, BLOCK_K, SUB_K, True)  # fmt: skip
 

@@ -8,7 +8,9 @@ Layouts (the :mod:`quantkit.formats` ones, no repacking; DeepSeek-V3 inference/k
 The kernel and its launch come from a table by M (:data:`FP8_BLOCK_CONFIGS`, measured with
 ``scripts/bench_kernels.py --sweep``; no autotuning at run time):
 
-* M <= 64: :mod:`.gemm_skinny` (decode: GEMV-like, split-K over every SM, streams the weight once);
+* M <= 32: :mod:`.gemm_skinny` (decode: GEMV-like, split-K over every SM, streams the weight once),
+  and at M = 33-64 where the wgmma kernel would have few tiles on a long K (:func:`small_m_prefers_skinny`)
+  or cannot run;
 * larger M: :mod:`.gemm_wgmma` on sm_90 (warp-specialised Gluon kernel, persistent 128x128
   tiles) where :func:`.gemm_wgmma.why_not` allows; elsewhere :mod:`.gemm_block_scaled`
   (:func:`tiled_fallback`: grouped order, 64x128 tiles on one warpgroup up to M = 512, then
@@ -37,8 +39,8 @@ from .triton_numerics import PRIORITY, available
 KernelConfig = Config | SkinnyConfig | WgmmaConfig
 ConfigTable = tuple[tuple[int, KernelConfig], ...]
 
-# (largest M, config).  Measured on the H200 (docs/benchmarks.md): M <= 64 is weight-bandwidth
-# bound: the small-M kernel.  From M = 513 on, 128x128 tiles on two warpgroups with 4 TMA stages:
+# (largest M, config).  Measured on the H200 (docs/benchmarks.md): small M is weight-bandwidth
+# bound: the small-M kernel (to M = 64 until the ninth pass, see below).  From M = 513 on, 128x128 tiles on two warpgroups with 4 TMA stages:
 # at M = 1024-8192 6-46% faster than 3 stages and 2-24% faster than the best 64x128 one-warpgroup config
 # (fourth pass); 128x256 spills.  Small M: 2 split-K programs per SM (sixth pass, all 14 served
 # shapes at M = 1 / 16 / 64, CUDA graphs): geomean 1.07-1.08x the former 4 (which the >= 30 MB
@@ -47,10 +49,23 @@ ConfigTable = tuple[tuple[int, KernelConfig], ...]
 # blocks, TMA-store epilogue.  CUDA graphs, same run as cuBLAS: geomean 0.93 / 0.95 / 0.98 / 1.01x
 # cuBLAS at M = 128 / 256 / 512 / 1024 on 8 served shapes (the 64x128 tiled config: 0.76 / 0.75 /
 # 0.68 / 0.66x), 1.01-1.03x over all 14 at M = 1024-8192.  tiled_fallback where it cannot run.
+# Ninth pass (all 14 shapes at M = 1-128, CUDA graphs, clean L2): the wgmma kernel from M = 33, where it
+# beat the small-M kernel on 10 / 11 of 14 shapes at M = 48 / 64 (geomean 0.93 / 0.98x prepared cuBLAS
+# against 0.81 / 0.84x), except by :func:`small_m_prefers_skinny`.
+SMALL_M = SkinnyConfig(block_n=64, waves=2, num_warps=4, num_stages=4)
 FP8_BLOCK_CONFIGS: ConfigTable = (
-    (64, SkinnyConfig(block_n=64, waves=2, num_warps=4, num_stages=4)),
+    (32, SMALL_M),
     (INT32_LIMIT, WgmmaConfig(stages=5, unroll=4)),
 )
+SMALL_M_MAX = 64  # the small-M kernel's range: past the table's row where the wgmma kernel starves or cannot run
+
+
+def small_m_prefers_skinny(m: int, n: int, k: int) -> bool:
+    """At M <= 64 the wgmma kernel runs one 128x128 tile per program without split-K: with fewer than 48
+    column tiles on K > 4096 its few programs each walk the whole K, and the small-M kernel (which splits
+    K over every SM) is faster (ninth pass: DeepSeek-V3 q_a+kv_a 15.5 against 22.4 us at M = 64, expert
+    gate_up and Qwen3-235B o 4-5%)."""
+    return m <= SMALL_M_MAX and k > 4096 and -(-n // 128) < 48
 TILED_MID = Config(64, 128, group=8, num_warps=4, num_stages=4)  # the tiled kernel up to M = 512
 TILED_LARGE = Config(128, 128, group=8, tma=True, num_warps=8, num_stages=4)  # and above (fourth pass)
 
@@ -69,10 +84,15 @@ def pick_config(table: ConfigTable, m: int) -> KernelConfig:
 
 def table_config(table: ConfigTable, a: Side, w: Side, out_dtype: torch.dtype = torch.bfloat16) -> KernelConfig:
     """The table's config for these operands: the wgmma kernel only where it runs
-    (:func:`.gemm_wgmma.why_not`), else :func:`tiled_fallback`; TMA only where rows are 16-byte aligned."""
-    cfg = pick_config(table, a.q.shape[0])
-    if isinstance(cfg, WgmmaConfig) and why_not(a, w, out_dtype) is not None:
-        cfg = tiled_fallback(a.q.shape[0])
+    (:func:`.gemm_wgmma.why_not`), else :func:`tiled_fallback` (the small-M kernel up to M = 64, as where
+    :func:`small_m_prefers_skinny`); TMA only where rows are 16-byte aligned."""
+    m, (n, k) = a.q.shape[0], w.q.shape
+    cfg = pick_config(table, m)
+    if isinstance(cfg, WgmmaConfig):
+        if small_m_prefers_skinny(m, n, k):
+            return SMALL_M
+        if why_not(a, w, out_dtype) is not None:
+            cfg = SMALL_M if m <= SMALL_M_MAX else tiled_fallback(m)
     if isinstance(cfg, Config) and cfg.tma and not tma_ok(a.q, w.q):
         return replace(cfg, tma=False, persistent=0)
     return cfg
@@ -135,6 +155,12 @@ def gemm_fp8_block(
     """A E4M3 [..., K] (F32 1x128 scales [..., ceil(K/128)]) x W E4M3 [N, K] (F32 [ceil(N/128), ceil(K/128)]) -> [..., N]."""
     sw = Side(w, w_scale.to(torch.float32), BLOCK_K, BLOCK_K)
     return matmul(a, a_scale, _act_side, sw, FP8_BLOCK_CONFIGS, bias, out_dtype, config, workspace)
+
+
+def fp8_block_config(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> KernelConfig:
+    """The config :func:`gemm_fp8_block` runs for these operands (its table's, by the operands' rules)."""
+    a2, s2 = flatten_act(a, a_scale)
+    return table_config(FP8_BLOCK_CONFIGS, _act_side(a2, s2), Side(w, w_scale.to(torch.float32), BLOCK_K, BLOCK_K), out_dtype)
 
 
 def gemm_fp8_block_by_shape(a, a_scale, w, w_scale, bias=None, out_dtype=torch.bfloat16) -> torch.Tensor:

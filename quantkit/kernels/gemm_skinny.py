@@ -81,13 +81,37 @@ def _upcast_tile(x, s_ptr, rows, row0, kb, n_kcols, stride_r, stride_k, RPS: tl.
 
 
 @triton.jit
-def _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, n0, kb, K, WS_COLS, AS_COLS,
+def _load_rows(ptrs, k_ok, a_ok, ROWS_ON_1: tl.constexpr, MASK_K: tl.constexpr, PAD: tl.constexpr):
+    """An activation tile ([K, BM] with ROWS_ON_1, else [BM, K]): K columns past K (MASK_K) and, with PAD, the token rows
+    past M (a_ok false) load as zeros without being read."""
+    if ROWS_ON_1:
+        kmask = k_ok[:, None]
+        rmask = a_ok[None, :]
+    else:
+        kmask = k_ok[None, :]
+        rmask = a_ok[:, None]
+    if MASK_K and PAD:
+        x = tl.load(ptrs, mask=kmask & rmask, other=0.0)
+    elif MASK_K:
+        x = tl.load(ptrs, mask=kmask, other=0.0)
+    elif PAD:
+        x = tl.load(ptrs, mask=rmask, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb, K, WS_COLS, AS_COLS,
                  swn, swsn, swsk, sam, sasm, sask,
                  W_RPS: tl.constexpr, W_KPS: tl.constexpr, W_E8M0: tl.constexpr, A_KPS: tl.constexpr, A_E8M0: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, DOT: tl.constexpr, MASKED: tl.constexpr,
-                 UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
+                 UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, PAD: tl.constexpr):  # fmt: skip
     """One BLOCK_K step: BLOCK_K // SUB_K sub-blocks, each product promoted with both scales; with
-    UPCAST one dot over BLOCK_K on operands already multiplied by their scales."""
+    UPCAST one dot over BLOCK_K on operands already multiplied by their scales.  With PAD (M not a
+    multiple of BLOCK_M) the token rows past M (a_ok false) load as zeros without being read: re-reading
+    row M - 1 instead (as the clamped pointers would) has every program ask for the same activation lines
+    at once, and at M = 1 that made the kernel up to 1.44x slower (docs/benchmarks.md, ninth pass)."""
     W_UNIFORM: tl.constexpr = W_RPS % BLOCK_N == 0
     if UPCAST:
         k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -95,10 +119,9 @@ def _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, n0, kb, K, W
         a_ptrs = a_ptr + rows_a[:, None] * sam + k[None, :]  # [BM, BLOCK_K]
         if MASKED:
             w = tl.load(w_ptrs, mask=(k < K)[None, :], other=0.0)
-            a = tl.load(a_ptrs, mask=(k < K)[None, :], other=0.0)
         else:
             w = tl.load(w_ptrs)
-            a = tl.load(a_ptrs)
+        a = _load_rows(a_ptrs, k < K, a_ok, False, MASKED, PAD)
         wb = _upcast_tile(w, ws_ptr, rows_w, n0, kb, WS_COLS, swsn, swsk, W_RPS, W_KPS, W_E8M0, BLOCK_N, BLOCK_K, UP_DTYPE)
         ab = _upcast_tile(a, as_ptr, rows_a, 0, kb, AS_COLS, sasm, sask, 1, A_KPS, A_E8M0, BLOCK_M, BLOCK_K, UP_DTYPE)
         acc = tl.dot(wb, ab.T, acc)
@@ -113,13 +136,9 @@ def _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, n0, kb, K, W
                 a_ptrs = a_ptr + rows_a[:, None] * sam + k[None, :]  # [BM, SUB_K]
             if MASKED:
                 w = tl.load(w_ptrs, mask=(k < K)[None, :], other=0.0)
-                if DOT:
-                    a = tl.load(a_ptrs, mask=(k < K)[:, None], other=0.0)
-                else:
-                    a = tl.load(a_ptrs, mask=(k < K)[None, :], other=0.0)
             else:
                 w = tl.load(w_ptrs)
-                a = tl.load(a_ptrs)
+            a = _load_rows(a_ptrs, k < K, a_ok, DOT, MASKED, PAD)
             wcol = kb * (BLOCK_K // W_KPS) + (j * SUB_K) // W_KPS
             acol = kb * (BLOCK_K // A_KPS) + (j * SUB_K) // A_KPS
             ws = side_scale(ws_ptr, rows_w, n0, wcol, WS_COLS, swsn, swsk, W_RPS, BLOCK_N, W_E8M0)  # scalar or [BN]
@@ -145,7 +164,7 @@ def _skinny_kernel(
     W_RPS: tl.constexpr, W_KPS: tl.constexpr, W_E8M0: tl.constexpr, A_KPS: tl.constexpr, A_E8M0: tl.constexpr,
     HAS_BIAS: tl.constexpr, DOT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, HAS_SPLIT: tl.constexpr, STAGES: tl.constexpr,
-    UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr,
+    UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr, PAD: tl.constexpr,
 ):  # fmt: skip
     """out[M, N] (row stride scm) = A[M, K] @ W[N, K].T per the module docstring; grid (n tiles, splits, m tiles)."""
     pid_n = tl.program_id(0)
@@ -156,18 +175,19 @@ def _skinny_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_w = tl.minimum(offs_n, N - 1)  # out-of-range rows re-read a valid one; never stored
     rows_a = tl.minimum(offs_m, M - 1)
+    a_ok = offs_m < M  # used with PAD only (see _skinny_step): masking full tiles cost up to 1.4x at M = 64
     n_full = K // BLOCK_K
     kb_lo = split * kb_per_split
     kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kb in tl.range(kb_lo, tl.minimum(kb_hi, n_full), num_stages=STAGES):
-        acc = _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, n0, kb, K, WS_COLS, AS_COLS,
+        acc = _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb, K, WS_COLS, AS_COLS,
                            swn, swsn, swsk, sam, sasm, sask, W_RPS, W_KPS, W_E8M0, A_KPS, A_E8M0,
-                           BLOCK_N, BLOCK_K, SUB_K, DOT, False, UPCAST, UP_DTYPE, BLOCK_M)  # fmt: skip
+                           BLOCK_N, BLOCK_K, SUB_K, DOT, False, UPCAST, UP_DTYPE, BLOCK_M, PAD)  # fmt: skip
     if (kb_hi > n_full) & (kb_lo <= n_full):  # this split holds the partial last block
-        acc = _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, n0, n_full, K, WS_COLS, AS_COLS,
+        acc = _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, n_full, K, WS_COLS, AS_COLS,
                            swn, swsn, swsk, sam, sasm, sask, W_RPS, W_KPS, W_E8M0, A_KPS, A_E8M0,
-                           BLOCK_N, BLOCK_K, SUB_K, DOT, True, UPCAST, UP_DTYPE, BLOCK_M)  # fmt: skip
+                           BLOCK_N, BLOCK_K, SUB_K, DOT, True, UPCAST, UP_DTYPE, BLOCK_M, PAD)  # fmt: skip
     if HAS_SPLIT:
         tile = pid_m * tl.num_programs(0) + pid_n
         n_tiles = tl.num_programs(0) * tl.num_programs(2)
@@ -230,7 +250,7 @@ def skinny_mm(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtyp
         W_RPS=w.rps, W_KPS=w.kps, W_E8M0=w.s.dtype == torch.uint8, A_KPS=a.kps, A_E8M0=a.s.dtype == torch.uint8,
         HAS_BIAS=bias is not None, DOT=cfg.dot, BLOCK_N=cfg.block_n, BLOCK_M=bm,
         BLOCK_K=BLOCK_K, SUB_K=min(w.kps, a.kps, cfg.chunk), HAS_SPLIT=split > 1, STAGES=cfg.num_stages,
-        UPCAST=cfg.upcast, UP_DTYPE=upcast_dtype(),
+        UPCAST=cfg.upcast, UP_DTYPE=upcast_dtype(), PAD=m % bm != 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out

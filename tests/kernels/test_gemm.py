@@ -257,8 +257,9 @@ def test_workspace_grows_keeps_old_buffers_and_caches_the_sm_count():
 
 def test_config_tables_and_split_rules():
     for table in (FP8_BLOCK_CONFIGS, MXFP8_CONFIGS, W128_CONFIGS):
-        assert isinstance(pick_config(table, 1), SkinnyConfig) and isinstance(pick_config(table, 64), SkinnyConfig)
+        assert isinstance(pick_config(table, 1), SkinnyConfig) and isinstance(pick_config(table, 32), SkinnyConfig)
         assert pick_config(table, 2**31) is table[-1][1]
+    assert isinstance(pick_config(MXFP8_CONFIGS, 64), SkinnyConfig) and isinstance(pick_config(W128_CONFIGS, 64), SkinnyConfig)
     assert isinstance(pick_config(MXFP8_CONFIGS, 65), Config) and isinstance(pick_config(W128_CONFIGS, 65), Config)
     assert isinstance(pick_config(FP8_BLOCK_CONFIGS, 65), WgmmaConfig)
     assert pick_config(MXFP8_CONFIGS, 8192).block_n == pick_config(W128_CONFIGS, 8192).block_n == 128

@@ -25,7 +25,7 @@ import torch
 
 from quantkit.formats import fp8_block
 from quantkit.kernels.gemm_block_scaled import Side
-from quantkit.kernels.gemm_fp8_block import FP8_BLOCK_CONFIGS, TILED_LARGE, TILED_MID, gemm_fp8_block, pick_config, table_config
+from quantkit.kernels.gemm_fp8_block import FP8_BLOCK_CONFIGS, SMALL_M, TILED_LARGE, TILED_MID, gemm_fp8_block, pick_config, table_config
 from quantkit.kernels.gemm_wgmma import CONSUMER_REGS, LOADER_REGS, WgmmaConfig, gluon_missing, wgmma_available, why_not
 
 
@@ -52,9 +52,12 @@ def test_why_not_names_each_rule():
 
 
 def test_table_takes_wgmma_above_the_small_m_kernel_and_falls_back_where_it_cannot_run():
-    assert not isinstance(pick_config(FP8_BLOCK_CONFIGS, 64), WgmmaConfig)
-    assert isinstance(pick_config(FP8_BLOCK_CONFIGS, 65), WgmmaConfig) and isinstance(pick_config(FP8_BLOCK_CONFIGS, 2**20), WgmmaConfig)
-    # CPU operands: the tiled kernel, 64x128 up to M = 512, then 128x128 (TMA only on 16-byte aligned rows)
+    assert not isinstance(pick_config(FP8_BLOCK_CONFIGS, 32), WgmmaConfig)
+    assert isinstance(pick_config(FP8_BLOCK_CONFIGS, 33), WgmmaConfig) and isinstance(pick_config(FP8_BLOCK_CONFIGS, 2**20), WgmmaConfig)
+    # CPU operands: the small-M kernel up to M = 64, then the tiled kernel, 64x128 up to M = 512, then 128x128 (TMA only on
+    # 16-byte aligned rows)
+    assert table_config(FP8_BLOCK_CONFIGS, *sides(64, 256, 2880)) == SMALL_M
+    assert table_config(FP8_BLOCK_CONFIGS, *sides(65, 256, 2880)) == TILED_MID
     assert table_config(FP8_BLOCK_CONFIGS, *sides(512, 256, 2880)) == TILED_MID
     assert table_config(FP8_BLOCK_CONFIGS, *sides(513, 256, 2880)) == TILED_LARGE
     assert table_config(FP8_BLOCK_CONFIGS, *sides(1024, 256, 200)) == replace(TILED_LARGE, tma=False)
@@ -158,6 +161,20 @@ def test_sm90_moe_build_overlaps_the_promotion_without_serialising(tmp_path, gat
              "w_desc": ["fp8e4nv", 64 if halves else 256 if split else 128, 128]}  # fmt: skip
     ptx, facts, report = _build_sm90(tmp_path, "moe_gemm_ws", consts, types)
     _assert_pipelined(ptx, facts, report)
+
+
+def test_small_m_rows_of_the_table_where_wgmma_runs(monkeypatch):
+    """M = 33-64 on an H200: the wgmma kernel, except with few column tiles on a long K (small_m_prefers_skinny)."""
+    from quantkit.kernels import gemm_fp8_block as mod
+
+    monkeypatch.setattr(mod, "why_not", lambda a, w, out_dtype: None)  # as on an H200
+    assert mod.table_config(FP8_BLOCK_CONFIGS, *sides(32, 5120, 2880)) == mod.SMALL_M
+    assert isinstance(mod.table_config(FP8_BLOCK_CONFIGS, *sides(33, 5120, 2880)), WgmmaConfig)
+    assert isinstance(mod.table_config(FP8_BLOCK_CONFIGS, *sides(64, 2880, 4096)), WgmmaConfig)  # K <= 4096
+    assert isinstance(mod.table_config(FP8_BLOCK_CONFIGS, *sides(64, 7168, 16384)), WgmmaConfig)  # 56 column tiles
+    assert mod.table_config(FP8_BLOCK_CONFIGS, *sides(64, 2112, 7168)) == mod.SMALL_M  # 17 column tiles, K = 7168
+    assert mod.table_config(FP8_BLOCK_CONFIGS, *sides(48, 4096, 8192)) == mod.SMALL_M
+    assert isinstance(mod.table_config(FP8_BLOCK_CONFIGS, *sides(65, 2112, 7168)), WgmmaConfig)
 
 
 def test_table_choice_asks_the_rules_once(gen, monkeypatch):

@@ -8,8 +8,9 @@ On a CUDA device every row is checked against the torch reference of its op, the
 
 * eager: ``triton.testing.do_bench`` median, L2 flushed (256 MB memset) before every call.  A
   host launch slower than the flush kernel shows up here (the GPU waits for the launch);
-* graph: the call captured in a CUDA graph, each call preceded by the same L2 flush, replayed;
-  the flush-only graph's time is subtracted.  Decode serving runs in CUDA graphs, so this is the
+* graph: the call captured in a CUDA graph, each call preceded by an L2 flush that reads 256 MB
+  (leaving the L2 clean, as in a decode step; see ``bench_common.FLUSH_BYTES``), replayed; the
+  flush-only graph's time is subtracted.  Decode serving runs in CUDA graphs, so this is the
   figure for small M;
 * host: Python wall time per call of the launch alone (the GPU queue never fills).
 
@@ -74,7 +75,8 @@ def environment(torch, device) -> tuple[str, tuple[float, float, float], dict[st
 TIMING_NOTE = (
     "Times: **eager** = median of triton.testing.do_bench (L2 flushed by a 256 MB memset before each call; a host "
     "launch slower than that memset shows up as GPU idle time); **graph** = the call captured in a CUDA graph, each "
-    "call preceded by the same flush, replayed, minus a flush-only graph (decode serving runs in CUDA graphs: small-M "
+    "call preceded by an L2 flush that reads 256 MB (an amax: leaves the L2 clean, where a memset leaves dirty lines the "
+    "next kernel must write back), replayed, minus a flush-only graph (decode serving runs in CUDA graphs: small-M "
     "goals are judged on it); **host** = Python time per call of the launch alone. TFLOPS, GB/s and roofline use the "
     "graph time where there is one. Roofline share = max(FLOPs/peak, bytes/HBM) / measured time."
 )

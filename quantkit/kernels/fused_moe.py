@@ -89,9 +89,12 @@ class MoeConfig:
 # GEMM 2 by 4-26% (graph-timed MoE: GPT-OSS-120B T = 1 0.0652 ms against 0.0723 for the
 # fused-quantization 16x64/64 config).  Split-K (auto) only until the busy programs give every SM
 # one (``waves`` 1): the former 8 per SM was 1.13x / 1.06x slower on GPT-OSS-120B and 1.12x / 1.03x
-# on DeepSeek-V3 at T = 1 / 4 (sixth pass, graph-timed; no split at all: within 1-8%).
+# on DeepSeek-V3 at T = 1 / 4 (sixth pass, graph-timed; no split at all: within 1-8%).  Ninth pass (padding rows
+# masked, clean L2, graph-timed, two repetitions agreeing within 1%): 32-column GEMM-1 tiles (16 intermediate
+# columns of each expert per program) against 64: GPT-OSS-120B 1.00 / 1.05 / 1.01x at T = 1 / 4 / 16 (T = 4
+# 132.6 -> 126.5 us), DeepSeek-V3 1.02 / 0.99 / 1.02x; 32-column GEMM-2 tiles, 5 stages, 8 warps: mixed or slower.
 MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
-    (0.5, MoeConfig(16, 64, 128, num_warps=4, num_stages=4)),
+    (0.5, MoeConfig(16, 32, 128, num_warps=4, num_stages=4)),
     (8, MoeConfig(16, 64, 64, num_warps=4, num_stages=4)),  # GPT-OSS-120B T=128: 0.871 ms vs 1.019 (16x32/32)
     (48, MoeConfig(32, 64, 64, num_warps=4, num_stages=4)),
     (160, MoeConfig(64, 64, 128, num_warps=4, num_stages=3)),
@@ -102,6 +105,8 @@ MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
     # where it cannot)
     (float("inf"), MoeConfig(64, 64, 128, num_stages=4, sorted_rows=True, wgmma=True)),
 )
+# MXFP8 experts at the fewest tokens keep the 64-column GEMM-1 tiles (the ninth pass timed 32 on FP8-block only)
+MX_FEW_TOKENS = MoeConfig(16, 64, 128, num_warps=4, num_stages=4)
 # Triton sorted-row tiles: 1.30x (GPT-OSS-120B) / 1.11x (DeepSeek-V3) the same tiles on gathered
 # rows, which were 1.13x / 1.11x the 128x64/128 w8 ones
 PREFILL_TILED = MoeConfig(64, 64, 128, num_warps=4, num_stages=4, sorted_rows=True)
@@ -122,6 +127,8 @@ def pick_moe_config(n_pairs: int, num_experts: int, fmt: str, interleaved: bool 
     the gate/up layout (MX prefill steps differ)."""
     avg = n_pairs / max(num_experts, 1)
     cfg = next(c for limit, c in MOE_CONFIGS if avg <= limit)
+    if fmt == "mxfp8" and avg <= MOE_CONFIGS[0][0]:
+        return MX_FEW_TOKENS
     if fmt == "mxfp8" and avg > MOE_CONFIGS[-2][0]:
         return MX_PREFILL_CONFIG if interleaved else replace(MX_PREFILL_CONFIG, mx_step=MX_PREFILL_STEP_CONCAT)
     if fmt == "mxfp8" and cfg.block_m >= 64:  # per-32 promotion costs more than exact bf16 operands there

@@ -439,6 +439,7 @@ def test_config_table():
     assert concat.mx_step == 64 and MX_PREFILL_CONFIG.mx_step == 32 and concat == replace(MX_PREFILL_CONFIG, mx_step=64)
     assert pick_moe_config(160 * 128, 128, "mxfp8") == replace(MOE_CONFIGS[-2][1], upcast=True)
     assert not pick_moe_config(4, 128, "mxfp8").upcast
+    assert pick_moe_config(4, 128, "fp8-block").block_n1 == 32 and pick_moe_config(4, 128, "mxfp8").block_n1 == 64  # ninth pass
 
 
 def test_rejects_bad_inputs(gen):

@@ -91,7 +91,7 @@ class MoeConfig:
 # one (``waves`` 1): the former 8 per SM was 1.13x / 1.06x slower on GPT-OSS-120B and 1.12x / 1.03x
 # on DeepSeek-V3 at T = 1 / 4 (sixth pass, graph-timed; no split at all: within 1-8%).  Ninth pass (padding rows
 # masked, clean L2, graph-timed, two repetitions agreeing within 1%): 32-column GEMM-1 tiles (16 intermediate
-# columns of each expert per program) against 64: GPT-OSS-120B 1.00 / 1.05 / 1.01x at T = 1 / 4 / 16 (T = 4
+# columns of each expert per program) against 64: GPT-OSS-120B 1.00-1.04 / 1.05 / 1.01x at T = 1 / 4 / 16 (T = 4
 # 132.6 -> 126.5 us), DeepSeek-V3 1.02 / 0.99 / 1.02x; 32-column GEMM-2 tiles, 5 stages, 8 warps: mixed or slower.
 MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
     (0.5, MoeConfig(16, 32, 128, num_warps=4, num_stages=4)),

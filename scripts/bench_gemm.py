@@ -391,7 +391,9 @@ def _goal_lines(b: Bench, by: dict, combos: list, timing: str, label: str) -> li
 
 def by_shape_suggestion(by: dict, combos: list) -> list[str]:
     """Per M, which side wins on how many shapes (graph times), and the table that follows."""
-    out = ["by-shape crossover (graph times; a backend wins a shape when its time is lower):"]
+    out = ["by-shape crossover (graph times; a backend wins a shape when its time is lower; 'cublas' is the prepared call, "
+           "while by-shape's cuBLAS re-lays out the scales on every call, so check the by-shape column before moving the table "
+           "towards cuBLAS):"]
     for fast, slow, table in (("triton", "cublas", "BY_SHAPE_FP8 (scaled_mm.py)"), ("mx", "mx-bf16", "BY_SHAPE_MX (gemm_mxfp8.py)")):
         wins: dict[int, tuple[int, int]] = {}
         for case, _, _, m in combos:

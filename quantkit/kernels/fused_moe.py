@@ -105,7 +105,8 @@ MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
     # where it cannot)
     (float("inf"), MoeConfig(64, 64, 128, num_stages=4, sorted_rows=True, wgmma=True)),
 )
-# MXFP8 experts at the fewest tokens keep the 64-column GEMM-1 tiles (the ninth pass timed 32 on FP8-block only)
+# MXFP8 experts at the fewest tokens keep the 64-column GEMM-1 tiles: 32 columns ran them 1.06x as fast at GPT-OSS-120B
+# T = 1 but 0.94 / 1.00x at T = 16 / 4, and DeepSeek-V3 0.96 / 1.00 / 0.97x at T = 1 / 4 / 16 (ninth pass, graph-timed)
 MX_FEW_TOKENS = MoeConfig(16, 64, 128, num_warps=4, num_stages=4)
 # Triton sorted-row tiles: 1.30x (GPT-OSS-120B) / 1.11x (DeepSeek-V3) the same tiles on gathered
 # rows, which were 1.13x / 1.11x the 128x64/128 w8 ones

@@ -40,9 +40,9 @@ KernelConfig = Config | SkinnyConfig | WgmmaConfig
 ConfigTable = tuple[tuple[int, KernelConfig], ...]
 
 # (largest M, config).  Measured on the H200 (docs/benchmarks.md): small M is weight-bandwidth
-# bound: the small-M kernel (to M = 64 until the ninth pass, see below).  From M = 513 on, 128x128 tiles on two warpgroups with 4 TMA stages:
-# at M = 1024-8192 6-46% faster than 3 stages and 2-24% faster than the best 64x128 one-warpgroup config
-# (fourth pass); 128x256 spills.  Small M: 2 split-K programs per SM (sixth pass, all 14 served
+# bound: the small-M kernel (to M = 64 until the ninth pass, see below).  From M = 513 on, 128x128
+# tiles on two warpgroups with 4 TMA stages: at M = 1024-8192 6-46% faster than 3 stages and 2-24%
+# faster than the best 64x128 one-warpgroup config (fourth pass); 128x256 spills.  Small M: 2 split-K programs per SM (sixth pass, all 14 served
 # shapes at M = 1 / 16 / 64, CUDA graphs): geomean 1.07-1.08x the former 4 (which the >= 30 MB
 # weights had already dropped), at worst 0.97x; 1 or 3 per SM and 6 stages were slower.
 # Seventh pass: from M = 65 the warp-specialised wgmma kernel, 5 stages, promotion groups of 4 K
@@ -66,6 +66,8 @@ def small_m_prefers_skinny(m: int, n: int, k: int) -> bool:
     K over every SM) is faster (ninth pass: DeepSeek-V3 q_a+kv_a 15.5 against 22.4 us at M = 64, expert
     gate_up and Qwen3-235B o 4-5%)."""
     return m <= SMALL_M_MAX and k > 4096 and -(-n // 128) < 48
+
+
 TILED_MID = Config(64, 128, group=8, num_warps=4, num_stages=4)  # the tiled kernel up to M = 512
 TILED_LARGE = Config(128, 128, group=8, tma=True, num_warps=8, num_stages=4)  # and above (fourth pass)
 
@@ -157,7 +159,8 @@ def gemm_fp8_block(
     return matmul(a, a_scale, _act_side, sw, FP8_BLOCK_CONFIGS, bias, out_dtype, config, workspace)
 
 
-def fp8_block_config(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> KernelConfig:
+def fp8_block_config(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+                     out_dtype: torch.dtype = torch.bfloat16) -> KernelConfig:  # fmt: skip
     """The config :func:`gemm_fp8_block` runs for these operands (its table's, by the operands' rules)."""
     a2, s2 = flatten_act(a, a_scale)
     return table_config(FP8_BLOCK_CONFIGS, _act_side(a2, s2), Side(w, w_scale.to(torch.float32), BLOCK_K, BLOCK_K), out_dtype)

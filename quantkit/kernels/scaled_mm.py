@@ -41,10 +41,11 @@ CUBLAS_M_ALIGN = 16  # rows of mat_a are zero-padded to a multiple of this (M = 
 INT32_LIMIT = 2**31
 # by-shape for gemm_fp8_block: (largest M, backend), first match wins; N % 16 != 0 always runs
 # Triton.  H200 runs (torch 2.11, triton 3.6; docs/benchmarks.md), CUDA graphs: Triton at every M.
-# Ninth pass (clean L2): at M <= 32 the small-M kernel is 1.13-1.84x prepared cuBLAS on 9-14 of 14 shapes
-# (geomean 1.42 / 1.29 / 1.15x at M = 1 / 16 / 32), and at M = 64 the table's kernel (wgmma from M = 33)
-# beat this backend's cuBLAS call on 13 of 14 shapes (the call re-lays out the scales, and pads
-# K % 128 != 0, every time; DeepSeek-V3 o 1.02x the other way); until then M = 17-64 ran cuBLAS.
+# Ninth pass (clean L2), against cuBLAS on prepared operands: at M <= 16 the small-M kernel is 1.02-1.87x
+# on all 14 shapes (geomean 1.29-1.42x), at M = 24 / 32 it wins 9 / 8 of 14 (0.83-1.62x, geomean 1.19 /
+# 1.13x); this backend's cuBLAS call is slower than the prepared one (it re-lays out the scales, and pads
+# K % 128 != 0, every time), and at M = 64 the table's kernel (wgmma from M = 33) beat it on 13 of 14
+# shapes (DeepSeek-V3 o 1.02x the other way).  Until then M = 17-64 ran cuBLAS.
 # From M = 65 the warp-specialised kernel matches cuBLAS on prepared operands (0.93-1.03x geomean at
 # M = 128-8192) and beats the per-call cuBLAS 1.56-1.70x at M = 128-512, 1.23x geomean at M = 1024-8192
 # (seventh pass).  Where the Gluon kernel cannot run, Triton's tiled fallback runs instead (0.66-0.76x

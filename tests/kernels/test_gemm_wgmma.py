@@ -177,6 +177,21 @@ def test_small_m_rows_of_the_table_where_wgmma_runs(monkeypatch):
     assert isinstance(mod.table_config(FP8_BLOCK_CONFIGS, *sides(65, 2112, 7168)), WgmmaConfig)
 
 
+def test_fp8_block_config_names_what_gemm_fp8_block_runs(gen, monkeypatch):
+    from quantkit.kernels import gemm_fp8_block as mod
+
+    q, sw = fp8_block.quantize_weight(torch.randn(2112, 7168, generator=gen))
+    for m, want in ((64, SMALL_M), (65, TILED_MID)):  # CPU: no wgmma kernel
+        a, sa = fp8_block.quantize_act(torch.randn(m, 7168, generator=gen))
+        assert mod.fp8_block_config(a, sa, q, sw) == want
+        assert mod.fp8_block_config(a.reshape(1, m, 7168), sa.reshape(1, m, -1), q, sw) == want  # leading dims flattened
+    monkeypatch.setattr(mod, "why_not", lambda a, w, out_dtype: None)  # as on an H200
+    a, sa = fp8_block.quantize_act(torch.randn(64, 7168, generator=gen))
+    assert mod.fp8_block_config(a, sa, q, sw) == SMALL_M  # 17 column tiles on K = 7168
+    a, sa = fp8_block.quantize_act(torch.randn(65, 7168, generator=gen))
+    assert isinstance(mod.fp8_block_config(a, sa, q, sw), WgmmaConfig)
+
+
 def test_table_choice_asks_the_rules_once(gen, monkeypatch):
     """A table-chosen wgmma launch does not ask :func:`why_not` again (5 us of host time a call);
     an explicit config still does (tests above: it raises with the rule)."""

@@ -26,7 +26,6 @@ import triton.language as tl
 from . import dispatch
 from .attention import check_heads, check_window
 from .attention_triton import LOG2E, check_operands, dot_dtype, paged_rows, pow2, softmax_step
-from .gemm_block_scaled import WORKSPACE
 from .triton_numerics import PRIORITY, available, cdiv, interpreted
 
 MAX_SPLITS = 64
@@ -154,7 +153,7 @@ def num_splits(batch: int, head_groups: int, max_keys: int, block_n: int, device
     least one key block each.  ``programs_per_sm`` > 0: as many splits as keep the programs within
     that many per SM (rounded down: a partial second wave cost more than it gained); 0: at least
     two programs per SM (rounded up; MLA's measured rule)."""
-    sms, groups = WORKSPACE.sm_count(device), batch * head_groups  # cached per device; the interpreter's 8
+    sms, groups = dispatch.sm_count(device), batch * head_groups  # cached per device; the interpreter's 8
     want = programs_per_sm * sms // groups if programs_per_sm else cdiv(2 * sms, groups)
     return max(1, min(want, cdiv(max_keys, block_n), max_splits))
 

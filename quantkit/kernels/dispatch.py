@@ -159,6 +159,20 @@ def capability(device: torch.device) -> tuple[int, int]:
     return _capability(torch.cuda.current_device() if device.index is None else device.index)
 
 
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device, asked once per device (grid sizing); 8 elsewhere, so
+    the CPU interpreter's small grids still exercise split-K and split-KV paths."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 8
+    return _sm_count(torch.cuda.current_device() if device.index is None else device.index)
+
+
 def device_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device:
     for a in (*args, *kwargs.values()):
         if isinstance(a, torch.Tensor):

@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .dispatch import sm_count
 from .triton_numerics import cdiv, e8m0_decode, interpreted
 
 BLOCK_K = 128
@@ -56,7 +57,7 @@ class Side(NamedTuple):
 
 class Workspace:
     """Scratch memory of split-K launches, per device: float32 partial tiles and int32 arrival
-    counters, plus the device's SM count.
+    counters (and, for the launchers' grids, the device's SM count).
 
     Counters are zero between launches (the last program of each output tile resets its own), so
     a launch needs no memset and allocates nothing once the buffers are large enough: CUDA-graph
@@ -69,7 +70,6 @@ class Workspace:
     def __init__(self) -> None:
         self._bufs: dict[tuple[str, str, int | None], torch.Tensor] = {}
         self._retired: list[torch.Tensor] = []
-        self._sms: dict[tuple[str, int | None], int] = {}
 
     def partials(self, numel: int, device: torch.device) -> torch.Tensor:
         return self._get("part", numel, torch.float32, device)
@@ -85,11 +85,10 @@ class Workspace:
             return ("cuda", torch.cuda.current_device())
         return (device.type, device.index)
 
-    def sm_count(self, device: torch.device) -> int:
-        key = self._device_key(device)
-        if key not in self._sms:  # the CPU interpreter gets 8 "SMs": small grids still exercise split-K
-            self._sms[key] = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
-        return self._sms[key]
+    @staticmethod
+    def sm_count(device: torch.device) -> int:
+        """:func:`.dispatch.sm_count` (the launchers size their grids from the workspace they get)."""
+        return sm_count(device)
 
     def _get(self, kind: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         key = (kind, *self._device_key(device))

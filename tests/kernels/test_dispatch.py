@@ -159,3 +159,17 @@ def test_device_capability_is_asked_once_per_device(monkeypatch):
         assert calls == [1]
     finally:
         dispatch._capability.cache_clear()
+
+
+def test_sm_count_is_asked_once_per_device(monkeypatch):
+    from types import SimpleNamespace
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: calls.append(index) or SimpleNamespace(multi_processor_count=132))
+    dispatch._sm_count.cache_clear()
+    try:
+        assert [dispatch.sm_count(torch.device("cuda", 1)) for _ in range(3)] == [132] * 3
+        assert calls == [1]
+        assert dispatch.sm_count(torch.device("cpu")) == 8 and calls == [1]  # the interpreter's grids: no driver asked
+    finally:
+        dispatch._sm_count.cache_clear()

@@ -33,10 +33,10 @@ import triton.language as tl
 from ..formats import e8m0, mxfp8
 from ..formats.fp8 import E4M3_MAX
 from . import dispatch
-from .gemm_block_scaled import BLOCK_K, INT32_LIMIT, Config, Side, Workspace, cdiv
+from .gemm_block_scaled import BLOCK_K, INT32_LIMIT, Config, Side, Workspace
 from .gemm_fp8_block import ConfigTable, KernelConfig, flatten_act, matmul
 from .gemm_skinny import SkinnyConfig
-from .triton_numerics import PRIORITY, available, e8m0_decode
+from .triton_numerics import PRIORITY, available, cdiv, e8m0_decode
 
 MX = mxfp8.BLOCK  # 32
 

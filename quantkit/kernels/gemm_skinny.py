@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .gemm_block_scaled import BLOCK_K, WORKSPACE, Side, Workspace, cdiv, check_side, side_scale, split_plan, split_reduce, upcast_dtype
-from .triton_numerics import e8m0_decode, times_group_scales
+from .gemm_block_scaled import BLOCK_K, WORKSPACE, Side, Workspace, check_side, side_scale, split_plan, split_reduce, upcast_dtype
+from .triton_numerics import cdiv, e8m0_decode, next_pow2, times_group_scales
 
 
 @dataclass(frozen=True)
@@ -81,15 +81,15 @@ def _upcast_tile(x, s_ptr, rows, row0, kb, n_kcols, stride_r, stride_k, RPS: tl.
 
 
 @triton.jit
-def _load_rows(ptrs, k_ok, a_ok, ROWS_ON_1: tl.constexpr, MASK_K: tl.constexpr, PAD: tl.constexpr):
-    """An activation tile ([K, BM] with ROWS_ON_1, else [BM, K]): K columns past K (MASK_K) and, with PAD, the token rows
-    past M (a_ok false) load as zeros without being read."""
+def _load_tile(ptrs, k_ok, rows_ok, ROWS_ON_1: tl.constexpr, MASK_K: tl.constexpr, PAD: tl.constexpr):
+    """A weight or activation tile ([K, R] with ROWS_ON_1, else [R, K]): columns past K (MASK_K) and, with PAD, the rows
+    not ``rows_ok`` load as zeros without being read (``rows_ok`` is unused without PAD)."""
     if ROWS_ON_1:
         kmask = k_ok[:, None]
-        rmask = a_ok[None, :]
+        rmask = rows_ok[None, :]
     else:
         kmask = k_ok[None, :]
-        rmask = a_ok[:, None]
+        rmask = rows_ok[:, None]
     if MASK_K and PAD:
         x = tl.load(ptrs, mask=kmask & rmask, other=0.0)
     elif MASK_K:
@@ -117,11 +117,8 @@ def _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb
         k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
         w_ptrs = w_ptr + rows_w[:, None] * swn + k[None, :]  # [BN, BLOCK_K]
         a_ptrs = a_ptr + rows_a[:, None] * sam + k[None, :]  # [BM, BLOCK_K]
-        if MASKED:
-            w = tl.load(w_ptrs, mask=(k < K)[None, :], other=0.0)
-        else:
-            w = tl.load(w_ptrs)
-        a = _load_rows(a_ptrs, k < K, a_ok, False, MASKED, PAD)
+        w = _load_tile(w_ptrs, k < K, a_ok, False, MASKED, False)
+        a = _load_tile(a_ptrs, k < K, a_ok, False, MASKED, PAD)
         wb = _upcast_tile(w, ws_ptr, rows_w, n0, kb, WS_COLS, swsn, swsk, W_RPS, W_KPS, W_E8M0, BLOCK_N, BLOCK_K, UP_DTYPE)
         ab = _upcast_tile(a, as_ptr, rows_a, 0, kb, AS_COLS, sasm, sask, 1, A_KPS, A_E8M0, BLOCK_M, BLOCK_K, UP_DTYPE)
         acc = tl.dot(wb, ab.T, acc)
@@ -134,11 +131,8 @@ def _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb
                 a_ptrs = a_ptr + k[:, None] + rows_a[None, :] * sam  # [SUB_K, BM]
             else:
                 a_ptrs = a_ptr + rows_a[:, None] * sam + k[None, :]  # [BM, SUB_K]
-            if MASKED:
-                w = tl.load(w_ptrs, mask=(k < K)[None, :], other=0.0)
-            else:
-                w = tl.load(w_ptrs)
-            a = _load_rows(a_ptrs, k < K, a_ok, DOT, MASKED, PAD)
+            w = _load_tile(w_ptrs, k < K, a_ok, False, MASKED, False)  # every weight row is read (clamped to N - 1)
+            a = _load_tile(a_ptrs, k < K, a_ok, DOT, MASKED, PAD)
             wcol = kb * (BLOCK_K // W_KPS) + (j * SUB_K) // W_KPS
             acol = kb * (BLOCK_K // A_KPS) + (j * SUB_K) // A_KPS
             ws = side_scale(ws_ptr, rows_w, n0, wcol, WS_COLS, swsn, swsk, W_RPS, BLOCK_N, W_E8M0)  # scalar or [BN]
@@ -208,7 +202,7 @@ def block_m_for(m: int, cfg: SkinnyConfig) -> int:
     """Token tile: the config's, else the next power of two >= M up to 128 (at least 16 for the tensor core)."""
     if cfg.block_m:
         return cfg.block_m
-    bm = min(1 << max(0, m - 1).bit_length(), MAX_AUTO_BLOCK_M)
+    bm = min(next_pow2(max(m, 1)), MAX_AUTO_BLOCK_M)
     return max(bm, 16) if cfg.dot else bm
 
 

@@ -24,8 +24,8 @@ from types import ModuleType
 import torch
 
 from .dispatch import Availability, capability
-from .gemm_block_scaled import BLOCK_K, INT32_LIMIT, WORKSPACE, Side, Workspace, cdiv, check_side, tma_ok
-from .triton_numerics import interpreted
+from .gemm_block_scaled import BLOCK_K, INT32_LIMIT, WORKSPACE, Side, Workspace, check_side, tma_ok
+from .triton_numerics import cdiv, interpreted
 
 BLOCK_M = 128  # two consumer warpgroups of 64 rows
 BLOCK_N = 128  # one weight scale per tile column block

@@ -6,8 +6,10 @@ with U8 E8M0 scales [N, K/32] (compressed-tensors ``weight_scale``).  K % 32 == 
 
 1. Emulation (:func:`gemm_mxfp8`): the block-scaled kernels of :mod:`.gemm_skinny` (M <= 64) and
    :mod:`.gemm_block_scaled` with 32-column sub-blocks.  ``promote`` takes one fp8 tensor-core
-   dot per 32 columns and promotes it into the float32 accumulator times 2**(ea + ew); ``upcast``
-   multiplies the E4M3 tiles by their power-of-two scales in bf16 (exact) and runs a bf16 dot.
+   dot per 32 columns and promotes it into the float32 accumulator times 2**(ea + ew); the small-M
+   kernel gets the four 32-column products of a 128-column step from one dot on a block-diagonal
+   activation tile (``diag``); ``upcast`` multiplies the E4M3 tiles by their power-of-two scales in
+   bf16 (exact) and runs a bf16 dot.
 2. Requantized weight (:func:`requant_weight_128`, then :func:`gemm_mxfp8_w128`): at load, each
    128x128 weight tile is re-expressed with one power-of-two scale, the largest of its blocks,
    when that is exact (every element shifted down stays an E4M3 value: always true for MXFP8
@@ -48,7 +50,12 @@ MX = mxfp8.BLOCK  # 32
 # Sixth pass (M = 1 / 16 / 64, all 14 served shapes, CUDA graphs): the small-M kernel on upcast
 # operands (one bf16 dot per 128 columns) with 2 programs per SM, geomean 1.08 / 1.15 / 1.11x the
 # per-32 promotion with 4 (MX weights) and 1.05 / 1.12 / 1.16x (128x128 weights); worst case 0.92x.
+# Tenth pass (M = 1-32, 14 shapes, CUDA graphs, read flush): to M = 32 the block-diagonal per-32 dot
+# (one fp8 dot per 128 columns, token tiles from 4 rows), geomean 0.96 / 0.94 / 0.88 / 0.75 / 0.64x the
+# FP8-block kernel's time at M = 1 / 4 / 8 / 16 / 32 against the upcast config's 0.57-0.60x; at M = 64
+# it fell to 0.35x (a [64, 256] product per step) where upcast keeps 0.51x.
 MXFP8_CONFIGS: ConfigTable = (
+    (32, SkinnyConfig(block_n=64, waves=2, num_warps=4, num_stages=4)),
     (64, SkinnyConfig(block_n=64, waves=2, upcast=True, num_warps=4, num_stages=4)),
     (512, Config(64, 128, upcast=True, num_warps=4, num_stages=3)),
     (INT32_LIMIT, Config(128, 128, upcast=True, tma=True, num_warps=8, num_stages=3)),

@@ -11,6 +11,10 @@ or 1x32 E8M0), laid out for M <= 64 where the weight read is the whole cost:
   FP8-block, per 32 for MXFP8), as the tiled kernel does.
 * ``dot``: the product on the tensor core (fp8 dot, BLOCK_M >= 16); without it the tile is upcast
   to float32 and reduced with ``tl.sum`` (CUDA cores, meant for M <= 8).
+* ``diag`` (per-32 scales on both sides, MXFP8): one fp8 dot per 128 columns on a block-diagonal
+  activation tile gives the four 32-column products side by side (:func:`_skinny_step_diag`); the
+  token tile then starts at 4 rows, the byte scales are read four to an int32 where rows are aligned,
+  and decoded in three integer/float operations (:func:`_decode_e8m0`).
 * ``upcast`` (power-of-two scales: MXFP8, or 128x128 weights requantized from it): both tiles are
   multiplied by their scales in bf16, which is exact (:mod:`.gemm_mxfp8`), and one bf16 dot covers
   128 columns instead of four promoted 32-column ones.
@@ -49,13 +53,15 @@ class SkinnyConfig:
     dot: bool = True
     upcast: bool = False  # power-of-two scales only (MX, 128x128 pow2): operands times their scales in bf16 (exact), one dot per 128 columns
     chunk: int = 128
+    diag: bool = True  # per-32 scales on both sides (MXFP8), tensor core: one block-diagonal dot per 128 columns (_skinny_step_diag)
     num_warps: int = 4
     num_stages: int = 4
 
     def name(self) -> str:
         core = ("tc+up" if self.upcast else "tc") if self.dot else "cc"  # tensor-core dot (bf16 on upcast operands) / CUDA-core reduction
         split = f"s{self.split_k}" if self.split_k else f"waves{self.waves}" + (f"kb{self.min_kb}" if self.min_kb != 2 else "")
-        return f"skinny {self.block_n}x{self.block_m or 'M'}/{core}/{split}/c{self.chunk}/w{self.num_warps}/st{self.num_stages}"
+        dg = "" if self.diag else "/nodiag"
+        return f"skinny {self.block_n}x{self.block_m or 'M'}/{core}/{split}/c{self.chunk}{dg}/w{self.num_warps}/st{self.num_stages}"
 
 
 @triton.jit
@@ -150,6 +156,57 @@ def _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb
     return acc
 
 
+@triton.jit
+def _decode_e8m0(b):
+    """U8 E8M0 bytes -> float32 2**(b - 127) in three operations, against five for :func:`e8m0_decode` (same
+    values; a NaN's payload may differ): the byte as the exponent field (0 -> 0.0, 255 -> inf), raised to
+    2**-127 for byte 0, and inf turned to NaN (inf * 0 + inf)."""
+    f = tl.maximum(b.to(tl.int32) << 23, 0x00400000).to(tl.float32, bitcast=True)  # byte 0: 2**-127, a float32 subnormal
+    return tl.fma(f, 0.0, f)
+
+
+@triton.jit
+def _skinny_step_diag(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, kb, K, WS_COLS, AS_COLS,
+                      swn, swsn, swsk, sam, sasm, sask, W_E8M0: tl.constexpr, A_E8M0: tl.constexpr, W_WORDS: tl.constexpr, A_WORDS: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr,
+                      MASKED: tl.constexpr, PAD: tl.constexpr):  # fmt: skip
+    """One BLOCK_K step with per-SUB_K scales on both sides (MXFP8) in one tensor-core dot: the activation
+    tile is laid out block-diagonally, [BLOCK_K, G * BLOCK_M] with column g * BLOCK_M + m holding token m's
+    columns of sub-block g and zeros elsewhere (masked: not read), so the dot returns the G sub-block products
+    side by side, which are promoted with their scales and summed.  The tensor core does G times the work of
+    the product it needs, and is idle at these M anyway; what this saves is G - 1 dots each waited for."""
+    G: tl.constexpr = BLOCK_K // SUB_K
+    k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+    w = _load_tile(w_ptr + rows_w[:, None] * swn + k[None, :], k < K, a_ok, False, MASKED, False)  # [BN, BLOCK_K]
+    c = tl.arange(0, G * BLOCK_M)
+    rows_c = tl.reshape(tl.broadcast_to(rows_a[None, :], (G, BLOCK_M)), (G * BLOCK_M,))
+    in_g = (tl.arange(0, BLOCK_K) // SUB_K)[:, None] == (c // BLOCK_M)[None, :]
+    a_mask = in_g & (k < K)[:, None]
+    if PAD:
+        ok_c = tl.reshape(tl.broadcast_to(a_ok[None, :], (G, BLOCK_M)), (G * BLOCK_M,))
+        a_mask = a_mask & ok_c[None, :]
+    a = tl.load(a_ptr + k[:, None] + rows_c[None, :] * sam, mask=a_mask, other=0.0)  # [BLOCK_K, G * BM]
+    d = tl.reshape(tl.dot(w, a), (BLOCK_N, G, BLOCK_M))
+    gi = tl.arange(0, G)
+    gcol = kb * G + gi
+    if W_WORDS:  # a row's G = 4 byte scales of this block as one aligned int32 (only where K % 128 == 0: no partial block)
+        word = tl.load(ws_ptr.to(tl.pointer_type(tl.int32)) + rows_w * (swsn // 4) + kb)  # [BN]
+        ws = (word[:, None] >> (8 * gi)[None, :]) & 0xFF  # [BN, G]
+    else:
+        ws = tl.load(ws_ptr + rows_w[:, None] * swsn + gcol[None, :] * swsk, mask=(gcol < WS_COLS)[None, :], other=127)  # [BN, G]
+    if A_WORDS:
+        word = tl.load(as_ptr.to(tl.pointer_type(tl.int32)) + rows_a * (sasm // 4) + kb)  # [BM]
+        sa = (word[None, :] >> (8 * gi)[:, None]) & 0xFF  # [G, BM]
+    else:
+        sa = tl.load(as_ptr + rows_a[None, :] * sasm + gcol[:, None] * sask, mask=(gcol < AS_COLS)[:, None], other=127)  # [G, BM]
+    if W_E8M0:
+        ws = _decode_e8m0(ws)
+    if A_E8M0:
+        sa = _decode_e8m0(sa)
+    acc += tl.sum(d * (ws[:, :, None] * sa[None, :, :]), axis=1)
+    return acc
+
+
 @triton.jit(do_not_specialize=["M", "N", "WS_COLS", "AS_COLS", "swsn", "swsk", "sasm", "sask", "kb_per_split"])
 def _skinny_kernel(
     w_ptr, ws_ptr, a_ptr, as_ptr, c_ptr, bias_ptr, part_ptr, count_ptr,
@@ -158,7 +215,8 @@ def _skinny_kernel(
     W_RPS: tl.constexpr, W_KPS: tl.constexpr, W_E8M0: tl.constexpr, A_KPS: tl.constexpr, A_E8M0: tl.constexpr,
     HAS_BIAS: tl.constexpr, DOT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, HAS_SPLIT: tl.constexpr, STAGES: tl.constexpr,
-    UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr, PAD: tl.constexpr,
+    UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr, PAD: tl.constexpr, DIAG: tl.constexpr,
+    W_WORDS: tl.constexpr, A_WORDS: tl.constexpr,
 ):  # fmt: skip
     """out[M, N] (row stride scm) = A[M, K] @ W[N, K].T per the module docstring; grid (n tiles, splits, m tiles)."""
     pid_n = tl.program_id(0)
@@ -175,10 +233,17 @@ def _skinny_kernel(
     kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kb in tl.range(kb_lo, tl.minimum(kb_hi, n_full), num_stages=STAGES):
-        acc = _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb, K, WS_COLS, AS_COLS,
-                           swn, swsn, swsk, sam, sasm, sask, W_RPS, W_KPS, W_E8M0, A_KPS, A_E8M0,
-                           BLOCK_N, BLOCK_K, SUB_K, DOT, False, UPCAST, UP_DTYPE, BLOCK_M, PAD)  # fmt: skip
-    if (kb_hi > n_full) & (kb_lo <= n_full):  # this split holds the partial last block
+        if DIAG:
+            acc = _skinny_step_diag(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, kb, K, WS_COLS, AS_COLS,
+                                    swn, swsn, swsk, sam, sasm, sask, W_E8M0, A_E8M0, W_WORDS, A_WORDS, BLOCK_N, BLOCK_M, BLOCK_K, SUB_K, False, PAD)  # fmt: skip
+        else:
+            acc = _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb, K, WS_COLS, AS_COLS,
+                               swn, swsn, swsk, sam, sasm, sask, W_RPS, W_KPS, W_E8M0, A_KPS, A_E8M0,
+                               BLOCK_N, BLOCK_K, SUB_K, DOT, False, UPCAST, UP_DTYPE, BLOCK_M, PAD)  # fmt: skip
+    if DIAG & (kb_hi > n_full) & (kb_lo <= n_full):  # this split holds the partial last block
+        acc = _skinny_step_diag(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n_full, K, WS_COLS, AS_COLS,
+                                swn, swsn, swsk, sam, sasm, sask, W_E8M0, A_E8M0, W_WORDS, A_WORDS, BLOCK_N, BLOCK_M, BLOCK_K, SUB_K, True, PAD)  # fmt: skip
+    if (not DIAG) & (kb_hi > n_full) & (kb_lo <= n_full):
         acc = _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, n_full, K, WS_COLS, AS_COLS,
                            swn, swsn, swsk, sam, sasm, sask, W_RPS, W_KPS, W_E8M0, A_KPS, A_E8M0,
                            BLOCK_N, BLOCK_K, SUB_K, DOT, True, UPCAST, UP_DTYPE, BLOCK_M, PAD)  # fmt: skip
@@ -198,12 +263,13 @@ def _skinny_kernel(
 MAX_AUTO_BLOCK_M = 128  # larger M runs several token tiles (the weight is then read once per tile)
 
 
-def block_m_for(m: int, cfg: SkinnyConfig) -> int:
-    """Token tile: the config's, else the next power of two >= M up to 128 (at least 16 for the tensor core)."""
+def block_m_for(m: int, cfg: SkinnyConfig, diag_groups: int = 1) -> int:
+    """Token tile: the config's, else the next power of two >= M up to 128; with the tensor core at least 16
+    columns in the dot, which the block-diagonal step (``diag_groups`` sub-blocks side by side) reaches from 16 / G."""
     if cfg.block_m:
         return cfg.block_m
     bm = min(next_pow2(max(m, 1)), MAX_AUTO_BLOCK_M)
-    return max(bm, 16) if cfg.dot else bm
+    return max(bm, 16 // diag_groups) if cfg.dot else bm
 
 
 def skinny_split(cfg: SkinnyConfig, tiles: int, k: int, block_m: int, sms: int) -> tuple[int, int]:
@@ -217,6 +283,13 @@ def skinny_split(cfg: SkinnyConfig, tiles: int, k: int, block_m: int, sms: int) 
     return split_plan(want, n_kb)
 
 
+def scale_words_ok(side: Side) -> bool:
+    """U8 scales whose rows can be read four bytes at a time: one per 32 columns, K % 128 == 0 (no partial block,
+    so no word reaches past a row) and every row 4-byte aligned."""
+    s = side.s
+    return s.dtype == torch.uint8 and side.kps == 32 and s.shape[1] % 4 == 0 and s.stride(1) == 1 and s.stride(0) % 4 == 0 and s.data_ptr() % 4 == 0
+
+
 def skinny_mm(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtype, cfg: SkinnyConfig, workspace: Workspace | None = None) -> torch.Tensor:
     """[M, K] x [N, K] -> out_dtype [M, N]; ``a`` tokens (one scale row each), ``w`` the weight."""
     m, k = a.q.shape
@@ -226,9 +299,12 @@ def skinny_mm(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtyp
     assert a.rps == 1, f"activation scales must be per row, got {a.rps} rows per scale"
     assert w.rps == 1 or w.rps % cfg.block_n == 0, f"{cfg.name()}: BLOCK_N must divide the weight's {w.rps}-row scale tiles"
     assert bias is None or tuple(bias.shape) == (n,), f"bias must be [{n}], got {None if bias is None else tuple(bias.shape)}"
-    bm = block_m_for(m, cfg)
+    sub_k = min(w.kps, a.kps, cfg.chunk)
+    diag = cfg.diag and cfg.dot and not cfg.upcast and w.rps == 1 and w.kps == a.kps == sub_k < BLOCK_K
+    groups = BLOCK_K // sub_k if diag else 1
+    bm = block_m_for(m, cfg, groups)
     assert not cfg.upcast or (cfg.dot and all(t.pow2 or t.s.dtype == torch.uint8 for t in (a, w))), f"{cfg.name()}: upcast needs the dot and power-of-two scales"
-    assert not cfg.dot or bm >= 16, f"{cfg.name()}: the tensor-core dot needs BLOCK_M >= 16"
+    assert not cfg.dot or bm * groups >= 16, f"{cfg.name()}: the tensor-core dot needs BLOCK_M >= {16 // groups}"
     out = torch.empty((m, n), dtype=out_dtype, device=a.q.device)  # [M, N]
     if m == 0 or n == 0:
         return out
@@ -236,6 +312,7 @@ def skinny_mm(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtyp
     n_tiles, m_tiles = cdiv(n, cfg.block_n), cdiv(m, bm)
     split, per = skinny_split(cfg, n_tiles * m_tiles, k, bm, ws.sm_count(out.device))
     tiles = n_tiles * m_tiles
+    words = [diag and groups == 4 and scale_words_ok(t) for t in (w, a)]
     part, count = (ws.partials(split * tiles * cfg.block_n * bm, out.device), ws.counters(tiles, out.device)) if split > 1 else (out, out)
     _skinny_kernel[(n_tiles, split, m_tiles)](
         w.q, w.s, a.q, a.s, out, bias if bias is not None else out, part, count,
@@ -243,8 +320,8 @@ def skinny_mm(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtyp
         w.q.stride(0), w.s.stride(0), w.s.stride(1), a.q.stride(0), a.s.stride(0), a.s.stride(1), out.stride(0),
         W_RPS=w.rps, W_KPS=w.kps, W_E8M0=w.s.dtype == torch.uint8, A_KPS=a.kps, A_E8M0=a.s.dtype == torch.uint8,
         HAS_BIAS=bias is not None, DOT=cfg.dot, BLOCK_N=cfg.block_n, BLOCK_M=bm,
-        BLOCK_K=BLOCK_K, SUB_K=min(w.kps, a.kps, cfg.chunk), HAS_SPLIT=split > 1, STAGES=cfg.num_stages,
-        UPCAST=cfg.upcast, UP_DTYPE=upcast_dtype(), PAD=m % bm != 0,
+        BLOCK_K=BLOCK_K, SUB_K=sub_k, HAS_SPLIT=split > 1, STAGES=cfg.num_stages,
+        UPCAST=cfg.upcast, UP_DTYPE=upcast_dtype(), PAD=m % bm != 0, DIAG=diag, W_WORDS=words[0], A_WORDS=words[1],
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out

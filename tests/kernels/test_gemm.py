@@ -24,10 +24,10 @@ import torch
 
 from quantkit.formats import exact, fp8_block, mxfp8
 from quantkit.kernels import dispatch
-from quantkit.kernels.gemm_block_scaled import WORKSPACE, Config, Workspace, auto_split, split_plan
+from quantkit.kernels.gemm_block_scaled import WORKSPACE, Config, Side, Workspace, auto_split, split_plan
 from quantkit.kernels.gemm_fp8_block import FP8_BLOCK_CONFIGS, pick_config
 from quantkit.kernels.gemm_mxfp8 import MXFP8_CONFIGS, W128_CONFIGS, mx_to_bf16, requant_weight_128
-from quantkit.kernels.gemm_skinny import SkinnyConfig, block_m_for, skinny_split
+from quantkit.kernels.gemm_skinny import SkinnyConfig, block_m_for, scale_words_ok, skinny_split
 from quantkit.kernels.gemm_wgmma import WgmmaConfig
 from quantkit.kernels.scaled_mm import gemm_fp8_block_ref, gemm_mxfp8_ref, gemm_mxfp8_w128_ref
 
@@ -122,8 +122,12 @@ MX_CASES = [
     (33, 130, 256, Config(32, 256, split_k=2, num_warps=8)),
     (3, 80, 224, Config(16, 32, tma=True)),
     (2, 72, 224, Config(16, 64, swap_ab=True, upcast=True, tma=True)),
-    (1, 200, 288, SkinnyConfig()),  # small-M kernel: per-32 promotion of both per-row scales
-    (5, 96, 640, SkinnyConfig(block_n=32, split_k=2)),
+    (1, 200, 288, SkinnyConfig()),  # small-M kernel, block-diagonal dot: 4-row token tile, byte scales, masked tail
+    (5, 96, 640, SkinnyConfig(block_n=32, split_k=2)),  # 8-row tile, scales read as int32 words (K % 128 == 0)
+    (13, 72, 512, SkinnyConfig(split_k=3)),  # 16-row tile, padding rows, words, uneven split
+    (20, 64, 288, SkinnyConfig(block_m=16)),  # two token tiles
+    (3, 200, 288, SkinnyConfig(diag=False)),  # one promoted dot per 32 columns
+    (6, 96, 640, SkinnyConfig(block_n=32, split_k=2, diag=False)),
     (2, 72, 224, SkinnyConfig(dot=False, chunk=32)),
     (1, 200, 288, SkinnyConfig(upcast=True)),  # small-M, exact bf16 operands: one dot per 128 columns, masked tail
     (5, 96, 640, SkinnyConfig(block_n=32, split_k=2, upcast=True)),
@@ -136,6 +140,36 @@ def test_mxfp8_gemm_matches_reference(triton_device, gen, m, n, k, cfg):
     ref = gemm_mxfp8_ref(a.cpu(), sa.cpu(), q.cpu(), sw.cpu(), b.cpu(), torch.float32)
     out = triton_call("gemm_mxfp8", a, sa, q, sw, b, torch.float32, config=cfg)
     assert_gemm_close(out, ref, f"mxfp8 {m}x{n}x{k} {cfg.name()}", 1e-5)
+
+
+def test_mxfp8_small_m_reads_scale_words_of_strided_rows(triton_device, gen):
+    """Scales in padded rows (stride 20 > 16 columns, still 4-byte aligned) take the int32-word path; an odd
+    stride falls back to bytes; both give the reference."""
+    a, sa, q, sw, b = mx_case(6, 96, 512, gen, True, triton_device)
+    ref = gemm_mxfp8_ref(a.cpu(), sa.cpu(), q.cpu(), sw.cpu(), b.cpu(), torch.float32)
+    for pad in (4, 3):
+        sa_p = torch.full((6, 16 + pad), 0xFF, dtype=torch.uint8, device=triton_device)[:, :16]
+        sw_p = torch.full((96, 16 + pad), 0xFF, dtype=torch.uint8, device=triton_device)[:, :16]
+        sa_p.copy_(sa.view(torch.uint8)), sw_p.copy_(sw.view(torch.uint8))
+        assert scale_words_ok(Side(a, sa_p, 1, 32)) == (pad == 4)
+        out = triton_call("gemm_mxfp8", a, sa_p, q, sw_p, b, torch.float32, config=SkinnyConfig())
+        assert_gemm_close(out, ref, f"mxfp8 scale rows padded by {pad}", 1e-5)
+
+
+def test_mxfp8_small_m_special_scales_match_reference(triton_device, gen):
+    """E8M0 byte 0xFF (NaN) poisons its weight row or token, as in the reference; byte 0 is 2**-127."""
+    a, sa, q, sw, _ = mx_case(3, 64, 256, gen, False, triton_device)
+    sw, sa = sw.view(torch.uint8).clone(), sa.view(torch.uint8).clone()
+    sw[5, 2], sa[1, 6] = 0xFF, 0xFF
+    sw[9, :] = 0  # every block of row 9 at 2**-127: the products are float32 subnormals
+    q[9] = q[9].float().abs().to(torch.float8_e4m3fn)
+    ref = gemm_mxfp8_ref(a.cpu(), sa.cpu(), q.cpu(), sw.cpu(), None, torch.float32)
+    for cfg in (SkinnyConfig(), SkinnyConfig(diag=False)):
+        out = triton_call("gemm_mxfp8", a, sa, q, sw, None, torch.float32, config=cfg).cpu()
+        assert torch.equal(out.isnan(), ref.isnan()), f"{cfg.name()}: NaN at {out.isnan().nonzero().tolist()}, want {ref.isnan().nonzero().tolist()}"
+        fin = ~ref.isnan()
+        assert_gemm_close(out[fin], ref[fin], f"mxfp8 special scales {cfg.name()}", 1e-5)
+        assert (ref[:, 9] != 0).any() and torch.equal(out[:, 9] != 0, ref[:, 9] != 0)
 
 
 @pytest.mark.parametrize("cfg", [Config(16, 64, swap_ab=True, split_k=2), Config(16, 32, upcast=True), SkinnyConfig(block_n=64), SkinnyConfig(block_n=64, upcast=True)], ids=lambda c: c.name())
@@ -272,6 +306,7 @@ def test_config_tables_and_split_rules():
     cfg = SkinnyConfig(block_n=64, waves=4)
     assert block_m_for(1, cfg) == 16 and block_m_for(17, cfg) == 32 and block_m_for(3, SkinnyConfig(dot=False)) == 4
     assert block_m_for(1000, cfg) == 128, "auto token tiles stop at 128"
+    assert block_m_for(1, cfg, 4) == 4 and block_m_for(5, cfg, 4) == 8 and block_m_for(3, cfg, 2) == 8, "block-diagonal dots: 16 columns from 16 / G rows"
     # (7168, 16384) at M=1: 112 tiles, 4 waves on 132 SMs -> 5 splits of 26 K-blocks
     assert skinny_split(cfg, tiles=112, k=16384, block_m=16, sms=132) == (5, 26)
     # (24576, 1536) at M=64: 384 tiles -> 2 splits of 6 K-blocks
@@ -329,6 +364,23 @@ def test_gpu_mxfp8_gemm(gen, m, n, k):
     for backend in ("dequant-bf16", "by-shape"):
         out = dispatch.call("gemm_mxfp8", a, sa, q, sw, b, backend=backend)
         assert_gemm_close(out, ref, f"mxfp8 {backend} {m}x{n}x{k}", 1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (5, 2880, 2880), (13, 4096, 1536), (32, 2112, 7168), (64, 5760, 2880)])
+def test_gpu_mxfp8_small_m_variants(gen, m, n, k):
+    """The small-M MX kernels: block-diagonal dot (scale words where K % 128 == 0, bytes otherwise), one dot
+    per 32 columns, upcast operands; the first two add the same float32 products and agree to rounding."""
+    a, sa, q, sw, b = mx_case(m, n, k, gen, True, "cuda")
+    ref = gemm_mxfp8_ref(a, sa, q, sw, b, torch.float32)
+    outs = {}
+    for cfg in (SkinnyConfig(waves=2), SkinnyConfig(waves=2, diag=False), SkinnyConfig(waves=2, upcast=True), SkinnyConfig(block_n=128, waves=4)):
+        outs[cfg.name()] = out = triton_call("gemm_mxfp8", a, sa, q, sw, b, torch.float32, config=cfg)
+        assert_gemm_close(out, ref, f"mxfp8 {m}x{n}x{k} {cfg.name()}", 1e-3)
+    diag, old = outs[SkinnyConfig(waves=2).name()], outs[SkinnyConfig(waves=2, diag=False).name()]
+    gap = ((diag - old).abs() / (old.abs() + old.abs().max())).max().item()
+    assert gap <= 1e-6, f"mxfp8 {m}x{n}x{k}: block-diagonal and per-32 dots differ by {gap:.2e} of |out| + max|out|"
 
 
 @pytest.mark.gpu

@@ -14,6 +14,9 @@ One call, no host synchronisation and buffers sized by the shapes only (CUDA-gra
    with the DeepSeek per-sub-block promotion (fp8 dot times both scales into an f32
    accumulator) or, ``upcast`` (MX only, power-of-two scales), exact bf16 operands, adds the
    bias, rounds to x.dtype and applies the activation in the epilogue -> [T*k, I] in slot order;
+   MX experts at decode (``diag``) take the product transposed, weight rows x slots, and get a
+   128-column block's four 32-column products from one fp8 dot on a block-diagonal activation
+   tile (:func:`.gemm_skinny.diag_act_tile`), which also lets a block hold 4 rows instead of 16;
 4. the intermediate is quantized per row like x (or inside GEMM 2); GEMM 2 (down [E, H, I]
    + bias, rounded to x.dtype) writes [T*k, H];
 5. :func:`_combine_kernel`: out[t] = sum_j float32(y[t*k + j]) * w[t, j], a fixed-order
@@ -24,7 +27,7 @@ and the CPU interpreter (whose float32 -> bf16 cast truncates) round alike.  The
 differences to the reference are float32 summation order (exact fp8 products) and ``exp``;
 the tensor core adds its ~14-bit accumulation within each scale block (DeepSeek-V3 report).
 K need not be a multiple of 128 (GPT-OSS's 2880: masked tail).  Configurations come from
-:data:`MOE_CONFIGS` by average (token, slot) pairs per expert; past 160 (prefill) both
+:data:`MOE_CONFIGS` (MX decode: :data:`MX_DECODE_CONFIGS`) by average (token, slot) pairs per expert; past 160 (prefill) both
 formats take ``sorted_rows``: the token rows are put in expert order once and both GEMMs read
 dense tiles through TMA (:mod:`.fused_moe_sorted`; same numerics).
 """
@@ -41,11 +44,12 @@ from . import dispatch
 from .fused_moe_ref import ExpertWeights, MoeSpec, check_moe
 from .fused_moe_sorted import gather_rows, sorted_gemm, sorted_gemm_wgmma, sorted_ok, wgmma_why_not
 from .gemm_block_scaled import WORKSPACE, split_reduce_pair, tile_coords
+from .gemm_skinny import diag_act_tile, diag_promote
 from .group_quant import act_quant_fp8_block, mxfp8_quantize
 from .moe_common import add_bias, moe_activation, moe_mma
 from .moe_routing import Alignment, align
 from .triton_numerics import (
-    PRIORITY, abs_max, available, bf16_round, cdiv, divide, e4m3_code, e8m0_decode, e8m0_exponent, fp8_block_scale, hw_e4m3, interpreted, next_pow2, pow2,
+    PRIORITY, abs_max, available, bf16_round, cdiv, divide, e4m3_code, e8m0_decode, e8m0_decode_lean, e8m0_exponent, fp8_block_scale, hw_e4m3, interpreted, next_pow2, pow2,
 )  # fmt: skip
 
 BLOCK_K = 128
@@ -71,12 +75,14 @@ class MoeConfig:
     sorted_rows: bool = False  # rows put in expert order once, dense TMA tiles (:mod:`.fused_moe_sorted`; MX: with upcast)
     mx_step: int = 32  # sorted rows, MX experts: K columns per step (32 / 64 / 128), scales folded into bf16 operands
     wgmma: bool = False  # sorted rows, FP8-block, 64- or 128-row blocks: the warp-specialised Gluon kernel (sm_90), num_stages its ring
+    diag: bool = True  # gathered rows, MX experts, activations quantized once, no upcast: one block-diagonal fp8 dot per 128 columns
 
     def name(self) -> str:
         flags = ("/up" if self.upcast else "") + ("/fq" if self.fuse_quant else "") + (f"/s{self.split_k}" if self.split_k else "")
         flags += "/sorted" if self.sorted_rows else ""
         flags += f"/k{self.mx_step}" if self.mx_step != 32 else ""
         flags += "/wgmma" if self.wgmma else ""
+        flags += "" if self.diag else "/nodiag"
         return f"{self.block_m}x{self.block_n1}/{self.block_n2}/w{self.num_warps}/st{self.num_stages}{flags}"
 
 
@@ -105,9 +111,17 @@ MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
     # where it cannot)
     (float("inf"), MoeConfig(64, 64, 128, num_stages=4, sorted_rows=True, wgmma=True)),
 )
-# MXFP8 experts at the fewest tokens keep the 64-column GEMM-1 tiles: 32 columns ran them 1.06x as fast at GPT-OSS-120B
-# T = 1 but 0.94 / 1.00x at T = 16 / 4, and DeepSeek-V3 0.96 / 1.00 / 0.97x at T = 1 / 4 / 16 (ninth pass, graph-timed)
-MX_FEW_TOKENS = MoeConfig(16, 64, 128, num_warps=4, num_stages=4)
+# MXFP8 experts at decode (average pairs per expert, config): block-diagonal dots (``diag``) on 4-row blocks, which the
+# one-dot-per-32-columns kernel could not take (16 rows at least).  Tenth pass (graph-timed, read flush, same run):
+# GPT-OSS-120B T = 1 / 4 / 16 / 64 61.4 / 150.6 / 422.0 / 870.1 us (35 / 53 / 62 / 68% of HBM on the experts hit)
+# against 93.5 / 230.4 / 637.7 / 1334.6 for the former 16-row configs (1.51-1.53x); DeepSeek-V3 126.7 / 341.3 / 882.1 /
+# 1916.5 us (60 / 72 / 76 / 68%) against 205.4 / 597.1 / 1482.2 / 2942.1 (1.54-1.75x).  With the same dots, 16-row blocks
+# ran 1.04-1.38x and 8-row 1.00-1.28x the time of 4-row ones; 3 stages 0.95-1.14x as fast as 4; 32 / 128 GEMM-1 columns
+# mixed / slower.
+MX_DECODE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
+    (0.5, MoeConfig(4, 64, 128, num_warps=4, num_stages=3)),
+    (8, MoeConfig(4, 64, 64, num_warps=4, num_stages=3)),
+)
 # Triton sorted-row tiles: 1.30x (GPT-OSS-120B) / 1.11x (DeepSeek-V3) the same tiles on gathered
 # rows, which were 1.13x / 1.11x the 128x64/128 w8 ones
 PREFILL_TILED = MoeConfig(64, 64, 128, num_warps=4, num_stages=4, sorted_rows=True)
@@ -128,8 +142,8 @@ def pick_moe_config(n_pairs: int, num_experts: int, fmt: str, interleaved: bool 
     the gate/up layout (MX prefill steps differ)."""
     avg = n_pairs / max(num_experts, 1)
     cfg = next(c for limit, c in MOE_CONFIGS if avg <= limit)
-    if fmt == "mxfp8" and avg <= MOE_CONFIGS[0][0]:
-        return MX_FEW_TOKENS
+    if fmt == "mxfp8" and avg <= MX_DECODE_CONFIGS[-1][0]:
+        return next(c for limit, c in MX_DECODE_CONFIGS if avg <= limit)
     if fmt == "mxfp8" and avg > MOE_CONFIGS[-2][0]:
         return MX_PREFILL_CONFIG if interleaved else replace(MX_PREFILL_CONFIG, mx_step=MX_PREFILL_STEP_CONCAT)
     if fmt == "mxfp8" and cfg.block_m >= 64:  # per-32 promotion costs more than exact bf16 operands there
@@ -202,6 +216,35 @@ def _moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, a_ok, row_g, ro
     return acc_g, acc_u
 
 
+@triton.jit
+def _moe_step_diag(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, a_ok, row_g, row_u, K, AS_COLS, WS_COLS,
+                   s_am, s_asm, s_wn, s_wsn, GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                   SUB_K: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """:func:`_moe_step` for MX experts with the product transposed, acc [BN, BM] (weight rows x slots): one fp8
+    dot per 128 columns on a block-diagonal activation tile (:func:`.gemm_skinny.diag_act_tile`) gives the four
+    32-column products side by side, promoted with their E8M0 scales (:func:`.gemm_skinny.diag_promote`)."""
+    G: tl.constexpr = BLOCK_K // SUB_K
+    k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+    a = diag_act_tile(a_ptr, a_row, a_ok, k, K, s_am, BLOCK_M, BLOCK_K, SUB_K, MASKED, True)  # [BLOCK_K, G * BM]
+    gcol = kb * G + tl.arange(0, G)
+    sa = e8m0_decode_lean(tl.load(as_ptr + a_row[None, :] * s_asm + gcol[:, None], mask=(gcol < AS_COLS)[:, None], other=127))  # [G, BM]
+    k_ok = (k < K)[None, :]
+    if MASKED:
+        wg = tl.load(w_e + row_g[:, None] * s_wn + k[None, :], mask=k_ok, other=0.0)  # [BN, BLOCK_K]
+    else:
+        wg = tl.load(w_e + row_g[:, None] * s_wn + k[None, :])
+    sg = e8m0_decode_lean(tl.load(ws_e + row_g[:, None] * s_wsn + gcol[None, :], mask=(gcol < WS_COLS)[None, :], other=127))  # [BN, G]
+    acc_g = diag_promote(acc_g, tl.dot(wg, a), sg, sa)
+    if GATED:
+        if MASKED:
+            wu = tl.load(w_e + row_u[:, None] * s_wn + k[None, :], mask=k_ok, other=0.0)
+        else:
+            wu = tl.load(w_e + row_u[:, None] * s_wn + k[None, :])
+        su = e8m0_decode_lean(tl.load(ws_e + row_u[:, None] * s_wsn + gcol[None, :], mask=(gcol < WS_COLS)[None, :], other=127))
+        acc_u = diag_promote(acc_u, tl.dot(wu, a), su, sa)
+    return acc_g, acc_u
+
+
 @triton.jit(do_not_specialize=["n_slots", "up_off", "EM", "kb_per_split"])
 def _moe_gemm_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ptr, npad_ptr, part_ptr, count_ptr,
@@ -212,10 +255,11 @@ def _moe_gemm_kernel(
     W_UNIFORM: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr,
     QMODE: tl.constexpr, RCEIL: tl.constexpr, HW_CAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr,
-    GROUP_M: tl.constexpr, HAS_SPLIT: tl.constexpr,
+    GROUP_M: tl.constexpr, HAS_SPLIT: tl.constexpr, DIAG: tl.constexpr,
 ):  # fmt: skip
     """out[slot, :N] for one BLOCK_M block of slots (one expert) and BLOCK_N output columns;
-    program_id(1) picks the split of K (``kb_per_split`` 128-blocks each)."""
+    program_id(1) picks the split of K (``kb_per_split`` 128-blocks each).  DIAG (MX experts, activations
+    quantized): the transposed block-diagonal product of :func:`_moe_step_diag`."""
     pid_m, pid_n = tile_coords(tl.program_id(0), EM, N, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(npad_ptr):
         return
@@ -229,19 +273,31 @@ def _moe_gemm_kernel(
     row0 = pid_n * BLOCK_N * ROW_STEP
     w_e = w_ptr + e * s_we
     ws_e = ws_ptr + e * s_wse
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     n_full = K // BLOCK_K  # full 128-blocks run unmasked; the partial last one (GPT-OSS's 2880) masked
     kb_lo = tl.program_id(1) * kb_per_split
     kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))
-    for kb in range(kb_lo, tl.minimum(kb_hi, n_full)):
-        acc_g, acc_u = _moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, valid, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
-                                 s_am, s_asm, s_wn, s_wsn, GATED, A_KPS, A_E8M0, W_RPS, W_KPS, W_E8M0, W_UNIFORM, UPCAST, UP_DTYPE,
-                                 QMODE, RCEIL, HW_CAST, BLOCK_K, SUB_K, False)  # fmt: skip
-    if (kb_hi > n_full) & (kb_lo <= n_full):  # this split holds the partial last block
-        acc_g, acc_u = _moe_step(acc_g, acc_u, n_full, a_ptr, as_ptr, w_e, ws_e, a_row, valid, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
-                                 s_am, s_asm, s_wn, s_wsn, GATED, A_KPS, A_E8M0, W_RPS, W_KPS, W_E8M0, W_UNIFORM, UPCAST, UP_DTYPE,
-                                 QMODE, RCEIL, HW_CAST, BLOCK_K, SUB_K, True)  # fmt: skip
+    if DIAG:
+        acc_gt = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_ut = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for kb in range(kb_lo, tl.minimum(kb_hi, n_full)):
+            acc_gt, acc_ut = _moe_step_diag(acc_gt, acc_ut, kb, a_ptr, as_ptr, w_e, ws_e, a_row, valid, row_g, row_u, K, AS_COLS, WS_COLS,
+                                            s_am, s_asm, s_wn, s_wsn, GATED, BLOCK_M, BLOCK_K, SUB_K, False)  # fmt: skip
+        if (kb_hi > n_full) & (kb_lo <= n_full):  # this split holds the partial last block
+            acc_gt, acc_ut = _moe_step_diag(acc_gt, acc_ut, n_full, a_ptr, as_ptr, w_e, ws_e, a_row, valid, row_g, row_u, K, AS_COLS, WS_COLS,
+                                            s_am, s_asm, s_wn, s_wsn, GATED, BLOCK_M, BLOCK_K, SUB_K, True)  # fmt: skip
+        acc_g = tl.trans(acc_gt)
+        acc_u = tl.trans(acc_ut)
+    else:
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kb in range(kb_lo, tl.minimum(kb_hi, n_full)):
+            acc_g, acc_u = _moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, valid, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
+                                     s_am, s_asm, s_wn, s_wsn, GATED, A_KPS, A_E8M0, W_RPS, W_KPS, W_E8M0, W_UNIFORM, UPCAST, UP_DTYPE,
+                                     QMODE, RCEIL, HW_CAST, BLOCK_K, SUB_K, False)  # fmt: skip
+        if (kb_hi > n_full) & (kb_lo <= n_full):  # this split holds the partial last block
+            acc_g, acc_u = _moe_step(acc_g, acc_u, n_full, a_ptr, as_ptr, w_e, ws_e, a_row, valid, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
+                                     s_am, s_asm, s_wn, s_wsn, GATED, A_KPS, A_E8M0, W_RPS, W_KPS, W_E8M0, W_UNIFORM, UPCAST, UP_DTYPE,
+                                     QMODE, RCEIL, HW_CAST, BLOCK_K, SUB_K, True)  # fmt: skip
 
     if HAS_SPLIT:
         last, acc_g, acc_u = split_reduce_pair(acc_g, acc_u, part_ptr, count_ptr, tl.program_id(0), tl.num_programs(0),
@@ -291,6 +347,8 @@ def _gemm(a: torch.Tensor, sa: torch.Tensor | None, w: ExpertWeights, out: torch
     assert out.shape == (n_slots, n_out) and out.is_contiguous(), f"fused_moe: output {tuple(out.shape)}, want ({n_slots}, {n_out})"
     assert max(a.numel(), w.q[0].numel(), out.numel()) < INT32_LIMIT, "fused_moe: 32-bit offsets overflow"
     assert not (cfg.upcast and fp8b), "upcast is exact only with power-of-two (MX) scales"
+    diag = cfg.diag and not fp8b and not cfg.upcast and qmode < 0
+    assert diag or al.block_m >= 16, f"{cfg.name()}: the tensor-core dot needs 16-row blocks (fewer only on MX experts' block-diagonal dots)"
     interleaved = gated and spec.interleaved
     row_step, up_off = (2, 1) if interleaved else (1, n_out if gated else 0)
     # one weight scale row per tile (gate and up alike): a scalar scale load and promotion
@@ -313,7 +371,7 @@ def _gemm(a: torch.Tensor, sa: torch.Tensor | None, w: ExpertWeights, out: torch
         UPCAST=cfg.upcast, UP_DTYPE=tl.float32 if interpreted() else tl.bfloat16,
         QMODE=qmode, RCEIL=spec.rule == "rceil", HW_CAST=hw_e4m3(a.device),
         BLOCK_M=al.block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K, SUB_K=128 if fp8b else 32,
-        GROUP_M=cfg.group_m, HAS_SPLIT=split > 1, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GROUP_M=cfg.group_m, HAS_SPLIT=split > 1, DIAG=diag, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 

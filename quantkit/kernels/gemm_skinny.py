@@ -14,7 +14,7 @@ or 1x32 E8M0), laid out for M <= 64 where the weight read is the whole cost:
 * ``diag`` (per-32 scales on both sides, MXFP8): one fp8 dot per 128 columns on a block-diagonal
   activation tile gives the four 32-column products side by side (:func:`_skinny_step_diag`); the
   token tile then starts at 4 rows, the byte scales are read four to an int32 where rows are aligned,
-  and decoded in three integer/float operations (:func:`_decode_e8m0`).
+  and decoded in three operations (:func:`.triton_numerics.e8m0_decode_lean`).
 * ``upcast`` (power-of-two scales: MXFP8, or 128x128 weights requantized from it): both tiles are
   multiplied by their scales in bf16, which is exact (:mod:`.gemm_mxfp8`), and one bf16 dot covers
   128 columns instead of four promoted 32-column ones.
@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from .gemm_block_scaled import BLOCK_K, WORKSPACE, Side, Workspace, check_side, side_scale, split_plan, split_reduce, upcast_dtype
-from .triton_numerics import cdiv, e8m0_decode, next_pow2, times_group_scales
+from .triton_numerics import cdiv, e8m0_decode, e8m0_decode_lean, next_pow2, times_group_scales
 
 
 @dataclass(frozen=True)
@@ -157,12 +157,33 @@ def _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb
 
 
 @triton.jit
-def _decode_e8m0(b):
-    """U8 E8M0 bytes -> float32 2**(b - 127) in three operations, against five for :func:`e8m0_decode` (same
-    values; a NaN's payload may differ): the byte as the exponent field (0 -> 0.0, 255 -> inf), raised to
-    2**-127 for byte 0, and inf turned to NaN (inf * 0 + inf)."""
-    f = tl.maximum(b.to(tl.int32) << 23, 0x00400000).to(tl.float32, bitcast=True)  # byte 0: 2**-127, a float32 subnormal
-    return tl.fma(f, 0.0, f)
+def diag_act_tile(a_ptr, rows, ok, k, K, s_am, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr,
+                  MASKED: tl.constexpr, PAD: tl.constexpr):  # fmt: skip
+    """The block-diagonal activation tile of one BLOCK_K step, E4M3 [BLOCK_K, G * BLOCK_M] (G = BLOCK_K / SUB_K):
+    column g * BLOCK_M + m holds row ``rows[m]``'s columns of sub-block g, zeros elsewhere (masked, so not read);
+    with PAD the rows not ``ok`` are zeros too, with MASKED the columns past K.  A dot of a [R, BLOCK_K] weight
+    tile with it gives the G sub-block products side by side (:func:`diag_promote`)."""
+    G: tl.constexpr = BLOCK_K // SUB_K
+    c = tl.arange(0, G * BLOCK_M)
+    rows_c = tl.reshape(tl.broadcast_to(rows[None, :], (G, BLOCK_M)), (G * BLOCK_M,))
+    mask = (tl.arange(0, BLOCK_K) // SUB_K)[:, None] == (c // BLOCK_M)[None, :]
+    if MASKED:
+        mask = mask & (k < K)[:, None]
+    if PAD:
+        ok_c = tl.reshape(tl.broadcast_to(ok[None, :], (G, BLOCK_M)), (G * BLOCK_M,))
+        mask = mask & ok_c[None, :]
+    return tl.load(a_ptr + k[:, None] + rows_c[None, :] * s_am, mask=mask, other=0.0)
+
+
+@triton.jit
+def diag_promote(acc, d, ws, sa):
+    """acc [R, BM] += sum over g of d[:, g * BM + m] * ws[:, g] * sa[g, m]: the side-by-side sub-block products
+    of a block-diagonal dot (d [R, G * BM]), promoted with the weight rows' (ws [R, G]) and the tokens' (sa [G, BM])
+    float32 scales.  The sum over g stays within each thread (the accumulator layout holds a row's G blocks)."""
+    R: tl.constexpr = acc.shape[0]
+    BM: tl.constexpr = acc.shape[1]
+    G: tl.constexpr = ws.shape[1]
+    return acc + tl.sum(tl.reshape(d, (R, G, BM)) * (ws[:, :, None] * sa[None, :, :]), axis=1)
 
 
 @triton.jit
@@ -178,15 +199,7 @@ def _skinny_step_diag(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, k
     G: tl.constexpr = BLOCK_K // SUB_K
     k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
     w = _load_tile(w_ptr + rows_w[:, None] * swn + k[None, :], k < K, a_ok, False, MASKED, False)  # [BN, BLOCK_K]
-    c = tl.arange(0, G * BLOCK_M)
-    rows_c = tl.reshape(tl.broadcast_to(rows_a[None, :], (G, BLOCK_M)), (G * BLOCK_M,))
-    in_g = (tl.arange(0, BLOCK_K) // SUB_K)[:, None] == (c // BLOCK_M)[None, :]
-    a_mask = in_g & (k < K)[:, None]
-    if PAD:
-        ok_c = tl.reshape(tl.broadcast_to(a_ok[None, :], (G, BLOCK_M)), (G * BLOCK_M,))
-        a_mask = a_mask & ok_c[None, :]
-    a = tl.load(a_ptr + k[:, None] + rows_c[None, :] * sam, mask=a_mask, other=0.0)  # [BLOCK_K, G * BM]
-    d = tl.reshape(tl.dot(w, a), (BLOCK_N, G, BLOCK_M))
+    a = diag_act_tile(a_ptr, rows_a, a_ok, k, K, sam, BLOCK_M, BLOCK_K, SUB_K, MASKED, PAD)  # [BLOCK_K, G * BM]
     gi = tl.arange(0, G)
     gcol = kb * G + gi
     if W_WORDS:  # a row's G = 4 byte scales of this block as one aligned int32 (only where K % 128 == 0: no partial block)
@@ -200,11 +213,10 @@ def _skinny_step_diag(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, k
     else:
         sa = tl.load(as_ptr + rows_a[None, :] * sasm + gcol[:, None] * sask, mask=(gcol < AS_COLS)[:, None], other=127)  # [G, BM]
     if W_E8M0:
-        ws = _decode_e8m0(ws)
+        ws = e8m0_decode_lean(ws)
     if A_E8M0:
-        sa = _decode_e8m0(sa)
-    acc += tl.sum(d * (ws[:, :, None] * sa[None, :, :]), axis=1)
-    return acc
+        sa = e8m0_decode_lean(sa)
+    return diag_promote(acc, tl.dot(w, a), ws, sa)
 
 
 @triton.jit(do_not_specialize=["M", "N", "WS_COLS", "AS_COLS", "swsn", "swsk", "sasm", "sask", "kb_per_split"])

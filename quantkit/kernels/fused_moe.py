@@ -117,10 +117,13 @@ MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
 # against 93.5 / 230.4 / 637.7 / 1334.6 for the former 16-row configs (1.51-1.53x); DeepSeek-V3 126.7 / 341.3 / 882.1 /
 # 1916.5 us (60 / 72 / 76 / 68%) against 205.4 / 597.1 / 1482.2 / 2942.1 (1.54-1.75x).  With the same dots, 16-row blocks
 # ran 1.04-1.38x and 8-row 1.00-1.28x the time of 4-row ones; 3 stages 0.95-1.14x as fast as 4; 32 / 128 GEMM-1 columns
-# mixed / slower.
+# mixed / slower.  From 4 pairs per expert the blocks fill: at T = 128 / 256 (4 / 8 pairs) 16-row blocks, diag, 3 stages
+# took GPT-OSS-120B 1107.4 / 1157.3 us and DeepSeek-V3 2253.8 / 3223.2 us, 1.27 / 1.27x and 1.46 / 1.44x the per-32 dots
+# (8-row: 1029.1 / 1288.4 and 2398.2 / 3688.8 us; 4-row: 0.99-1.46x the 16-row time).
 MX_DECODE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
     (0.5, MoeConfig(4, 64, 128, num_warps=4, num_stages=3)),
-    (8, MoeConfig(4, 64, 64, num_warps=4, num_stages=3)),
+    (2, MoeConfig(4, 64, 64, num_warps=4, num_stages=3)),
+    (8, MoeConfig(16, 64, 64, num_warps=4, num_stages=3)),
 )
 # Triton sorted-row tiles: 1.30x (GPT-OSS-120B) / 1.11x (DeepSeek-V3) the same tiles on gathered
 # rows, which were 1.13x / 1.11x the 128x64/128 w8 ones

@@ -446,6 +446,7 @@ def test_config_table():
     assert pick_moe_config(4, 128, "fp8-block").block_n1 == 32 and pick_moe_config(4, 128, "mxfp8").block_n1 == 64  # ninth pass
     few, some = pick_moe_config(4, 128, "mxfp8"), pick_moe_config(2 * 128, 128, "mxfp8")  # tenth pass: MX decode, 4-row blocks
     assert (few.block_m, few.block_n2, few.diag) == (4, 128, True) and (some.block_m, some.block_n2, some.diag) == (4, 64, True)
+    assert pick_moe_config(8 * 128, 128, "mxfp8").block_m == 16, "from 4 pairs per expert the 16-row blocks fill"
     assert pick_moe_config(4, 128, "fp8-block").block_m == 16, "fp8-block experts keep 16-row blocks (one dot per 128 columns already)"
 
 

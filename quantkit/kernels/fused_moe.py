@@ -14,9 +14,10 @@ One call, no host synchronisation and buffers sized by the shapes only (CUDA-gra
    with the DeepSeek per-sub-block promotion (fp8 dot times both scales into an f32
    accumulator) or, ``upcast`` (MX only, power-of-two scales), exact bf16 operands, adds the
    bias, rounds to x.dtype and applies the activation in the epilogue -> [T*k, I] in slot order;
-   MX experts at decode (``diag``) take the product transposed, weight rows x slots, and get a
-   128-column block's four 32-column products from one fp8 dot on a block-diagonal activation
-   tile (:func:`.gemm_skinny.diag_act_tile`), which also lets a block hold 4 rows instead of 16;
+   with ``diag`` (a config option, MX experts) the product is taken transposed, weight rows x
+   slots, and a 128-column block's four 32-column products come from one fp8 dot on a
+   block-diagonal activation tile (:func:`.gemm_skinny.diag_act_tile`), so a block may hold 4
+   rows instead of 16 (faster at decode; not a default: see :data:`MX_FEW_TOKENS`);
 4. the intermediate is quantized per row like x (or inside GEMM 2); GEMM 2 (down [E, H, I]
    + bias, rounded to x.dtype) writes [T*k, H];
 5. :func:`_combine_kernel`: out[t] = sum_j float32(y[t*k + j]) * w[t, j], a fixed-order
@@ -27,7 +28,7 @@ and the CPU interpreter (whose float32 -> bf16 cast truncates) round alike.  The
 differences to the reference are float32 summation order (exact fp8 products) and ``exp``;
 the tensor core adds its ~14-bit accumulation within each scale block (DeepSeek-V3 report).
 K need not be a multiple of 128 (GPT-OSS's 2880: masked tail).  Configurations come from
-:data:`MOE_CONFIGS` (MX decode: :data:`MX_DECODE_CONFIGS`) by average (token, slot) pairs per expert; past 160 (prefill) both
+:data:`MOE_CONFIGS` by average (token, slot) pairs per expert; past 160 (prefill) both
 formats take ``sorted_rows``: the token rows are put in expert order once and both GEMMs read
 dense tiles through TMA (:mod:`.fused_moe_sorted`; same numerics).
 """
@@ -75,14 +76,14 @@ class MoeConfig:
     sorted_rows: bool = False  # rows put in expert order once, dense TMA tiles (:mod:`.fused_moe_sorted`; MX: with upcast)
     mx_step: int = 32  # sorted rows, MX experts: K columns per step (32 / 64 / 128), scales folded into bf16 operands
     wgmma: bool = False  # sorted rows, FP8-block, 64- or 128-row blocks: the warp-specialised Gluon kernel (sm_90), num_stages its ring
-    diag: bool = True  # gathered rows, MX experts, activations quantized once, no upcast: one block-diagonal fp8 dot per 128 columns
+    diag: bool = False  # gathered rows, MX experts, activations quantized once, no upcast: one block-diagonal fp8 dot per 128 columns
 
     def name(self) -> str:
         flags = ("/up" if self.upcast else "") + ("/fq" if self.fuse_quant else "") + (f"/s{self.split_k}" if self.split_k else "")
         flags += "/sorted" if self.sorted_rows else ""
         flags += f"/k{self.mx_step}" if self.mx_step != 32 else ""
         flags += "/wgmma" if self.wgmma else ""
-        flags += "" if self.diag else "/nodiag"
+        flags += "/diag" if self.diag else ""
         return f"{self.block_m}x{self.block_n1}/{self.block_n2}/w{self.num_warps}/st{self.num_stages}{flags}"
 
 
@@ -111,20 +112,16 @@ MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
     # where it cannot)
     (float("inf"), MoeConfig(64, 64, 128, num_stages=4, sorted_rows=True, wgmma=True)),
 )
-# MXFP8 experts at decode (average pairs per expert, config): block-diagonal dots (``diag``) on 4-row blocks, which the
-# one-dot-per-32-columns kernel could not take (16 rows at least).  Tenth pass (graph-timed, read flush, same run):
-# GPT-OSS-120B T = 1 / 4 / 16 / 64 61.4 / 150.6 / 422.0 / 870.1 us (35 / 53 / 62 / 68% of HBM on the experts hit)
-# against 93.5 / 230.4 / 637.7 / 1334.6 for the former 16-row configs (1.51-1.53x); DeepSeek-V3 126.7 / 341.3 / 882.1 /
-# 1916.5 us (60 / 72 / 76 / 68%) against 205.4 / 597.1 / 1482.2 / 2942.1 (1.54-1.75x).  With the same dots, 16-row blocks
-# ran 1.04-1.38x and 8-row 1.00-1.28x the time of 4-row ones; 3 stages 0.95-1.14x as fast as 4; 32 / 128 GEMM-1 columns
-# mixed / slower.  From 4 pairs per expert the blocks fill: at T = 128 / 256 (4 / 8 pairs) 16-row blocks, diag, 3 stages
-# took GPT-OSS-120B 1107.4 / 1157.3 us and DeepSeek-V3 2253.8 / 3223.2 us, 1.27 / 1.27x and 1.46 / 1.44x the per-32 dots
-# (8-row: 1029.1 / 1288.4 and 2398.2 / 3688.8 us; 4-row: 0.99-1.46x the 16-row time).
-MX_DECODE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
-    (0.5, MoeConfig(4, 64, 128, num_warps=4, num_stages=3)),
-    (2, MoeConfig(4, 64, 64, num_warps=4, num_stages=3)),
-    (8, MoeConfig(16, 64, 64, num_warps=4, num_stages=3)),
-)
+# MXFP8 experts at the fewest tokens keep the 64-column GEMM-1 tiles: 32 columns ran them 1.06x as fast at GPT-OSS-120B
+# T = 1 but 0.94 / 1.00x at T = 16 / 4, and DeepSeek-V3 0.96 / 1.00 / 0.97x at T = 1 / 4 / 16 (ninth pass, graph-timed)
+MX_FEW_TOKENS = MoeConfig(16, 64, 128, num_warps=4, num_stages=4)
+# Not a default (tenth pass, docs/benchmarks.md): ``diag`` on 4-row blocks, 3 stages, took GPT-OSS-120B T = 1 / 4 / 16 / 64
+# in 61.4 / 150.6 / 422.0 / 870.1 us against 93.5 / 230.4 / 637.7 / 1334.6 for these configs (DeepSeek-V3 1.54-1.75x), but
+# with weight tiles of 64 rows or more its dot runs on wgmma, whose fp8 accumulation keeps about 14 bits of each 32-product
+# sum (f32 outputs 5e-5 - 1e-4 of max |out| from the per-32 dots, which run on mma.sync here, against 1e-8 with 32-row
+# tiles), and the re-quantized intermediate turns that into E4M3 flips: the engine's tiny Qwen3-MoE MXFP8 model then
+# differs from its reference by 2.5e-2 (relative L2; bound 1e-2).  The 32-row-tile variant keeps the precision; its speed
+# is not measured yet.
 # Triton sorted-row tiles: 1.30x (GPT-OSS-120B) / 1.11x (DeepSeek-V3) the same tiles on gathered
 # rows, which were 1.13x / 1.11x the 128x64/128 w8 ones
 PREFILL_TILED = MoeConfig(64, 64, 128, num_warps=4, num_stages=4, sorted_rows=True)
@@ -145,8 +142,8 @@ def pick_moe_config(n_pairs: int, num_experts: int, fmt: str, interleaved: bool 
     the gate/up layout (MX prefill steps differ)."""
     avg = n_pairs / max(num_experts, 1)
     cfg = next(c for limit, c in MOE_CONFIGS if avg <= limit)
-    if fmt == "mxfp8" and avg <= MX_DECODE_CONFIGS[-1][0]:
-        return next(c for limit, c in MX_DECODE_CONFIGS if avg <= limit)
+    if fmt == "mxfp8" and avg <= MOE_CONFIGS[0][0]:
+        return MX_FEW_TOKENS
     if fmt == "mxfp8" and avg > MOE_CONFIGS[-2][0]:
         return MX_PREFILL_CONFIG if interleaved else replace(MX_PREFILL_CONFIG, mx_step=MX_PREFILL_STEP_CONCAT)
     if fmt == "mxfp8" and cfg.block_m >= 64:  # per-32 promotion costs more than exact bf16 operands there

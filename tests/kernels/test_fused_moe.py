@@ -264,10 +264,11 @@ def test_reference_equals_engine_experts(gen, fmt, act):
 CASES = [
     ("fp8-block", GPT_OSS, 4, 256, 256, 5, 2, 1.0, MoeConfig(16, 32, 32)),
     ("fp8-block", SILU, 4, 256, 256, 5, 2, 1.0, MoeConfig(16, 64, 128, num_stages=4)),
-    ("mxfp8", GPT_OSS, 4, 256, 256, 5, 2, 1.0, MoeConfig(16, 32, 32)),  # MX, block-diagonal dots (diag)
-    ("mxfp8", GPT_OSS, 4, 256, 256, 5, 2, 1.0, MoeConfig(16, 32, 32, diag=False)),  # MX, one promoted dot per 32 columns
-    ("mxfp8", GPT_OSS, 3, 160, 96, 9, 2, 20.0, MoeConfig(4, 32, 64)),  # diag: 4-row blocks, masked K tail, partial tiles
-    ("mxfp8", SILU, 3, 160, 96, 40, 2, 1.0, MoeConfig(8, 64, 32)),  # diag: 8-row blocks, concatenated gate/up
+    ("mxfp8", GPT_OSS, 4, 256, 256, 5, 2, 1.0, MoeConfig(16, 32, 32)),  # MX, one promoted dot per 32 columns
+    # MX, block-diagonal dots (32-row weight tiles: mma.sync, full float32 accumulation on the H200)
+    ("mxfp8", GPT_OSS, 4, 256, 256, 5, 2, 1.0, MoeConfig(16, 32, 32, diag=True)),
+    ("mxfp8", GPT_OSS, 3, 160, 96, 9, 2, 20.0, MoeConfig(4, 32, 32, diag=True)),  # 4-row blocks, masked K tail, partial tiles
+    ("mxfp8", SILU, 3, 160, 96, 40, 2, 1.0, MoeConfig(8, 32, 32, diag=True)),  # 8-row blocks, concatenated gate/up
     ("mxfp8", SILU, 4, 256, 256, 5, 2, 1.0, MoeConfig(16, 64, 64, upcast=True)),
     ("fp8-block", GPT_OSS, 4, 160, 96, 1, 2, 20.0, MoeConfig(16, 128, 64, fuse_quant=True)),
     ("fp8-block", SILU, 3, 160, 96, 9, 2, 1.0, MoeConfig(16, 64, 32)),
@@ -279,7 +280,7 @@ CASES = [
     # split-K (decode): H = 416 is 4 K-blocks with a partial last one, I = 288 is 3; explicit and auto splits
     ("fp8-block", GPT_OSS, 4, 416, 288, 2, 2, 1.0, MoeConfig(16, 32, 32, split_k=3)),
     ("mxfp8", SILU, 4, 416, 288, 1, 2, 1.0, MoeConfig(16, 32, 32, fuse_quant=True, split_k=2)),
-    ("mxfp8", GPT_OSS, 4, 416, 288, 2, 2, 1.0, MoeConfig(4, 32, 64, split_k=3)),  # diag, split-K over a partial last block
+    ("mxfp8", GPT_OSS, 4, 416, 288, 2, 2, 1.0, MoeConfig(4, 32, 32, split_k=3, diag=True)),  # diag, split-K over a partial last block
     ("fp8-block", SILU, 3, 416, 256, 3, 2, 1.0, MoeConfig(16, 64, 64, waves=64)),
 ]
 
@@ -444,10 +445,7 @@ def test_config_table():
     assert pick_moe_config(160 * 128, 128, "mxfp8") == replace(MOE_CONFIGS[-2][1], upcast=True)
     assert not pick_moe_config(4, 128, "mxfp8").upcast
     assert pick_moe_config(4, 128, "fp8-block").block_n1 == 32 and pick_moe_config(4, 128, "mxfp8").block_n1 == 64  # ninth pass
-    few, some = pick_moe_config(4, 128, "mxfp8"), pick_moe_config(2 * 128, 128, "mxfp8")  # tenth pass: MX decode, 4-row blocks
-    assert (few.block_m, few.block_n2, few.diag) == (4, 128, True) and (some.block_m, some.block_n2, some.diag) == (4, 64, True)
-    assert pick_moe_config(8 * 128, 128, "mxfp8").block_m == 16, "from 4 pairs per expert the 16-row blocks fill"
-    assert pick_moe_config(4, 128, "fp8-block").block_m == 16, "fp8-block experts keep 16-row blocks (one dot per 128 columns already)"
+    assert not any(pick_moe_config(n, 128, f).diag for n in (4, 256, 1024, 8192 * 4) for f in ("fp8-block", "mxfp8")), "diag is opt-in"
 
 
 def test_rejects_bad_inputs(gen):

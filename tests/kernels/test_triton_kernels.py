@@ -183,3 +183,27 @@ def test_host_cdiv_and_next_pow2_match_triton():
 
     assert all(next_pow2(n) == triton.next_power_of_2(n) for n in range(0, 5000))
     assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 700, 7) for b in (1, 3, 16, 128))
+
+
+def test_lean_e8m0_decode_gives_every_byte_its_value(triton_device):
+    """The three-operation E8M0 decode of the block-diagonal GEMM steps: 2**(b - 127) for all 256 bytes, byte 0 the
+    float32 subnormal 2**-127 and 255 NaN, as formats.e8m0.decode and the five-operation kernel decode give them."""
+    import triton
+    import triton.language as tl
+
+    from quantkit.formats import e8m0
+
+    @triton.jit
+    def _decode(b_ptr, lean_ptr, full_ptr):
+        b = tl.load(b_ptr + tl.arange(0, 256)).to(tl.int32)
+        tl.store(lean_ptr + tl.arange(0, 256), triton_numerics.e8m0_decode_lean(b))
+        tl.store(full_ptr + tl.arange(0, 256), triton_numerics.e8m0_decode(b))
+
+    b = torch.arange(256, dtype=torch.uint8, device=triton_device)
+    lean, full = (torch.empty(256, dtype=torch.float32, device=triton_device) for _ in range(2))
+    _decode[(1,)](b, lean, full)
+    ref = e8m0.decode(b.cpu()).float()
+    for out, what in ((lean.cpu(), "lean"), (full.cpu(), "full")):
+        assert torch.equal(out.isnan(), ref.isnan()) and out[255].isnan(), f"{what}: NaN only at byte 255"
+        assert torch.equal(out[:255].view(torch.int32), ref[:255].view(torch.int32)), f"{what}: the bits of 2**(b - 127), b < 255"
+    assert lean[0].item() == 2.0**-127 and lean[127].item() == 1.0 and lean[254].item() == 2.0**127

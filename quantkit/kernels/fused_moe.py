@@ -45,7 +45,7 @@ from . import dispatch
 from .fused_moe_ref import ExpertWeights, MoeSpec, check_moe
 from .fused_moe_sorted import gather_rows, sorted_gemm, sorted_gemm_wgmma, sorted_ok, wgmma_why_not
 from .gemm_block_scaled import WORKSPACE, split_reduce_pair, tile_coords
-from .gemm_skinny import diag_act_tile, diag_promote
+from .gemm_skinny import diag_act_tile, diag_promote, load_tile
 from .group_quant import act_quant_fp8_block, mxfp8_quantize
 from .moe_common import add_bias, moe_activation, moe_mma
 from .moe_routing import Alignment, align
@@ -217,6 +217,15 @@ def _moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, a_ok, row_g, ro
 
 
 @triton.jit
+def _diag_weight(w_e, ws_e, rows, k, K, gcol, WS_COLS, s_wn, s_wsn, MASKED: tl.constexpr):
+    """One expert's weight rows for a block-diagonal step: E4M3 [BN, BLOCK_K] (columns past K zeros with MASKED)
+    and their decoded E8M0 scales [BN, G]."""
+    w = load_tile(w_e + rows[:, None] * s_wn + k[None, :], k < K, rows, False, MASKED, False)
+    s = e8m0_decode_lean(tl.load(ws_e + rows[:, None] * s_wsn + gcol[None, :], mask=(gcol < WS_COLS)[None, :], other=127))
+    return w, s
+
+
+@triton.jit
 def _moe_step_diag(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, a_ok, row_g, row_u, K, AS_COLS, WS_COLS,
                    s_am, s_asm, s_wn, s_wsn, GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                    SUB_K: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
@@ -228,19 +237,10 @@ def _moe_step_diag(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, a_ok, row_
     a = diag_act_tile(a_ptr, a_row, a_ok, k, K, s_am, BLOCK_M, BLOCK_K, SUB_K, MASKED, True)  # [BLOCK_K, G * BM]
     gcol = kb * G + tl.arange(0, G)
     sa = e8m0_decode_lean(tl.load(as_ptr + a_row[None, :] * s_asm + gcol[:, None], mask=(gcol < AS_COLS)[:, None], other=127))  # [G, BM]
-    k_ok = (k < K)[None, :]
-    if MASKED:
-        wg = tl.load(w_e + row_g[:, None] * s_wn + k[None, :], mask=k_ok, other=0.0)  # [BN, BLOCK_K]
-    else:
-        wg = tl.load(w_e + row_g[:, None] * s_wn + k[None, :])
-    sg = e8m0_decode_lean(tl.load(ws_e + row_g[:, None] * s_wsn + gcol[None, :], mask=(gcol < WS_COLS)[None, :], other=127))  # [BN, G]
+    wg, sg = _diag_weight(w_e, ws_e, row_g, k, K, gcol, WS_COLS, s_wn, s_wsn, MASKED)
     acc_g = diag_promote(acc_g, tl.dot(wg, a), sg, sa)
     if GATED:
-        if MASKED:
-            wu = tl.load(w_e + row_u[:, None] * s_wn + k[None, :], mask=k_ok, other=0.0)
-        else:
-            wu = tl.load(w_e + row_u[:, None] * s_wn + k[None, :])
-        su = e8m0_decode_lean(tl.load(ws_e + row_u[:, None] * s_wsn + gcol[None, :], mask=(gcol < WS_COLS)[None, :], other=127))
+        wu, su = _diag_weight(w_e, ws_e, row_u, k, K, gcol, WS_COLS, s_wn, s_wsn, MASKED)
         acc_u = diag_promote(acc_u, tl.dot(wu, a), su, sa)
     return acc_g, acc_u
 

@@ -87,7 +87,7 @@ def _upcast_tile(x, s_ptr, rows, row0, kb, n_kcols, stride_r, stride_k, RPS: tl.
 
 
 @triton.jit
-def _load_tile(ptrs, k_ok, rows_ok, ROWS_ON_1: tl.constexpr, MASK_K: tl.constexpr, PAD: tl.constexpr):
+def load_tile(ptrs, k_ok, rows_ok, ROWS_ON_1: tl.constexpr, MASK_K: tl.constexpr, PAD: tl.constexpr):
     """A weight or activation tile ([K, R] with ROWS_ON_1, else [R, K]): columns past K (MASK_K) and, with PAD, the rows
     not ``rows_ok`` load as zeros without being read (``rows_ok`` is unused without PAD)."""
     if ROWS_ON_1:
@@ -123,8 +123,8 @@ def _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb
         k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
         w_ptrs = w_ptr + rows_w[:, None] * swn + k[None, :]  # [BN, BLOCK_K]
         a_ptrs = a_ptr + rows_a[:, None] * sam + k[None, :]  # [BM, BLOCK_K]
-        w = _load_tile(w_ptrs, k < K, a_ok, False, MASKED, False)
-        a = _load_tile(a_ptrs, k < K, a_ok, False, MASKED, PAD)
+        w = load_tile(w_ptrs, k < K, a_ok, False, MASKED, False)
+        a = load_tile(a_ptrs, k < K, a_ok, False, MASKED, PAD)
         wb = _upcast_tile(w, ws_ptr, rows_w, n0, kb, WS_COLS, swsn, swsk, W_RPS, W_KPS, W_E8M0, BLOCK_N, BLOCK_K, UP_DTYPE)
         ab = _upcast_tile(a, as_ptr, rows_a, 0, kb, AS_COLS, sasm, sask, 1, A_KPS, A_E8M0, BLOCK_M, BLOCK_K, UP_DTYPE)
         acc = tl.dot(wb, ab.T, acc)
@@ -137,8 +137,8 @@ def _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb
                 a_ptrs = a_ptr + k[:, None] + rows_a[None, :] * sam  # [SUB_K, BM]
             else:
                 a_ptrs = a_ptr + rows_a[:, None] * sam + k[None, :]  # [BM, SUB_K]
-            w = _load_tile(w_ptrs, k < K, a_ok, False, MASKED, False)  # every weight row is read (clamped to N - 1)
-            a = _load_tile(a_ptrs, k < K, a_ok, DOT, MASKED, PAD)
+            w = load_tile(w_ptrs, k < K, a_ok, False, MASKED, False)  # every weight row is read (clamped to N - 1)
+            a = load_tile(a_ptrs, k < K, a_ok, DOT, MASKED, PAD)
             wcol = kb * (BLOCK_K // W_KPS) + (j * SUB_K) // W_KPS
             acol = kb * (BLOCK_K // A_KPS) + (j * SUB_K) // A_KPS
             ws = side_scale(ws_ptr, rows_w, n0, wcol, WS_COLS, swsn, swsk, W_RPS, BLOCK_N, W_E8M0)  # scalar or [BN]
@@ -201,7 +201,7 @@ def _skinny_step_diag(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, k
     for four promoted dots at 16)."""
     G: tl.constexpr = BLOCK_K // SUB_K
     k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-    w = _load_tile(w_ptr + rows_w[:, None] * swn + k[None, :], k < K, a_ok, False, MASKED, False)  # [BN, BLOCK_K]
+    w = load_tile(w_ptr + rows_w[:, None] * swn + k[None, :], k < K, a_ok, False, MASKED, False)  # [BN, BLOCK_K]
     a = diag_act_tile(a_ptr, rows_a, a_ok, k, K, sam, BLOCK_M, BLOCK_K, SUB_K, MASKED, PAD)  # [BLOCK_K, G * BM]
     gi = tl.arange(0, G)
     gcol = kb * G + gi
@@ -255,13 +255,14 @@ def _skinny_kernel(
             acc = _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb, K, WS_COLS, AS_COLS,
                                swn, swsn, swsk, sam, sasm, sask, W_RPS, W_KPS, W_E8M0, A_KPS, A_E8M0,
                                BLOCK_N, BLOCK_K, SUB_K, DOT, False, UPCAST, UP_DTYPE, BLOCK_M, PAD)  # fmt: skip
-    if DIAG & (kb_hi > n_full) & (kb_lo <= n_full):  # this split holds the partial last block
-        acc = _skinny_step_diag(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n_full, K, WS_COLS, AS_COLS,
-                                swn, swsn, swsk, sam, sasm, sask, W_E8M0, A_E8M0, W_WORDS, A_WORDS, BLOCK_N, BLOCK_M, BLOCK_K, SUB_K, True, PAD)  # fmt: skip
-    if (not DIAG) & (kb_hi > n_full) & (kb_lo <= n_full):
-        acc = _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, n_full, K, WS_COLS, AS_COLS,
-                           swn, swsn, swsk, sam, sasm, sask, W_RPS, W_KPS, W_E8M0, A_KPS, A_E8M0,
-                           BLOCK_N, BLOCK_K, SUB_K, DOT, True, UPCAST, UP_DTYPE, BLOCK_M, PAD)  # fmt: skip
+    if (kb_hi > n_full) & (kb_lo <= n_full):  # this split holds the partial last block
+        if DIAG:
+            acc = _skinny_step_diag(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n_full, K, WS_COLS, AS_COLS,
+                                    swn, swsn, swsk, sam, sasm, sask, W_E8M0, A_E8M0, W_WORDS, A_WORDS, BLOCK_N, BLOCK_M, BLOCK_K, SUB_K, True, PAD)  # fmt: skip
+        else:
+            acc = _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, n_full, K, WS_COLS, AS_COLS,
+                               swn, swsn, swsk, sam, sasm, sask, W_RPS, W_KPS, W_E8M0, A_KPS, A_E8M0,
+                               BLOCK_N, BLOCK_K, SUB_K, DOT, True, UPCAST, UP_DTYPE, BLOCK_M, PAD)  # fmt: skip
     if HAS_SPLIT:
         tile = pid_m * tl.num_programs(0) + pid_n
         n_tiles = tl.num_programs(0) * tl.num_programs(2)
@@ -327,7 +328,7 @@ def skinny_mm(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtyp
     n_tiles, m_tiles = cdiv(n, cfg.block_n), cdiv(m, bm)
     split, per = skinny_split(cfg, n_tiles * m_tiles, k, bm, ws.sm_count(out.device))
     tiles = n_tiles * m_tiles
-    words = [diag and groups == 4 and scale_words_ok(t) for t in (w, a)]
+    words = [diag and scale_words_ok(t) for t in (w, a)]  # words hold 4 scales: kps 32 = SUB_K, G = 4
     part, count = (ws.partials(split * tiles * cfg.block_n * bm, out.device), ws.counters(tiles, out.device)) if split > 1 else (out, out)
     _skinny_kernel[(n_tiles, split, m_tiles)](
         w.q, w.s, a.q, a.s, out, bias if bias is not None else out, part, count,

@@ -222,6 +222,21 @@ def _skinny_step_diag(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, k
     return diag_promote(acc, tl.dot(w, a), ws, sa)
 
 
+@triton.jit
+def _kernel_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb, K, WS_COLS, AS_COLS, swn, swsn, swsk, sam, sasm, sask,
+                 W_RPS: tl.constexpr, W_KPS: tl.constexpr, W_E8M0: tl.constexpr, A_KPS: tl.constexpr, A_E8M0: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, DOT: tl.constexpr,
+                 MASKED: tl.constexpr, UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr, PAD: tl.constexpr,
+                 DIAG: tl.constexpr, W_WORDS: tl.constexpr, A_WORDS: tl.constexpr):  # fmt: skip
+    """One K-block of :func:`_skinny_kernel`: the block-diagonal step (DIAG) or the promoted / upcast one."""
+    if DIAG:
+        return _skinny_step_diag(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, kb, K, WS_COLS, AS_COLS,
+                                 swn, swsn, swsk, sam, sasm, sask, W_E8M0, A_E8M0, W_WORDS, A_WORDS, BLOCK_N, BLOCK_M, BLOCK_K, SUB_K, MASKED, PAD)  # fmt: skip
+    return _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb, K, WS_COLS, AS_COLS,
+                        swn, swsn, swsk, sam, sasm, sask, W_RPS, W_KPS, W_E8M0, A_KPS, A_E8M0,
+                        BLOCK_N, BLOCK_K, SUB_K, DOT, MASKED, UPCAST, UP_DTYPE, BLOCK_M, PAD)  # fmt: skip
+
+
 @triton.jit(do_not_specialize=["M", "N", "WS_COLS", "AS_COLS", "swsn", "swsk", "sasm", "sask", "kb_per_split"])
 def _skinny_kernel(
     w_ptr, ws_ptr, a_ptr, as_ptr, c_ptr, bias_ptr, part_ptr, count_ptr,
@@ -248,21 +263,13 @@ def _skinny_kernel(
     kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kb in tl.range(kb_lo, tl.minimum(kb_hi, n_full), num_stages=STAGES):
-        if DIAG:
-            acc = _skinny_step_diag(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, kb, K, WS_COLS, AS_COLS,
-                                    swn, swsn, swsk, sam, sasm, sask, W_E8M0, A_E8M0, W_WORDS, A_WORDS, BLOCK_N, BLOCK_M, BLOCK_K, SUB_K, False, PAD)  # fmt: skip
-        else:
-            acc = _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb, K, WS_COLS, AS_COLS,
-                               swn, swsn, swsk, sam, sasm, sask, W_RPS, W_KPS, W_E8M0, A_KPS, A_E8M0,
-                               BLOCK_N, BLOCK_K, SUB_K, DOT, False, UPCAST, UP_DTYPE, BLOCK_M, PAD)  # fmt: skip
+        acc = _kernel_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb, K, WS_COLS, AS_COLS, swn, swsn, swsk, sam, sasm, sask,
+                           W_RPS, W_KPS, W_E8M0, A_KPS, A_E8M0, BLOCK_N, BLOCK_M, BLOCK_K, SUB_K, DOT, False, UPCAST, UP_DTYPE, PAD,
+                           DIAG, W_WORDS, A_WORDS)  # fmt: skip
     if (kb_hi > n_full) & (kb_lo <= n_full):  # this split holds the partial last block
-        if DIAG:
-            acc = _skinny_step_diag(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n_full, K, WS_COLS, AS_COLS,
-                                    swn, swsn, swsk, sam, sasm, sask, W_E8M0, A_E8M0, W_WORDS, A_WORDS, BLOCK_N, BLOCK_M, BLOCK_K, SUB_K, True, PAD)  # fmt: skip
-        else:
-            acc = _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, n_full, K, WS_COLS, AS_COLS,
-                               swn, swsn, swsk, sam, sasm, sask, W_RPS, W_KPS, W_E8M0, A_KPS, A_E8M0,
-                               BLOCK_N, BLOCK_K, SUB_K, DOT, True, UPCAST, UP_DTYPE, BLOCK_M, PAD)  # fmt: skip
+        acc = _kernel_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, n_full, K, WS_COLS, AS_COLS, swn, swsn, swsk, sam, sasm, sask,
+                           W_RPS, W_KPS, W_E8M0, A_KPS, A_E8M0, BLOCK_N, BLOCK_M, BLOCK_K, SUB_K, DOT, True, UPCAST, UP_DTYPE, PAD,
+                           DIAG, W_WORDS, A_WORDS)  # fmt: skip
     if HAS_SPLIT:
         tile = pid_m * tl.num_programs(0) + pid_n
         n_tiles = tl.num_programs(0) * tl.num_programs(2)

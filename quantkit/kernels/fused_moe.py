@@ -17,7 +17,7 @@ One call, no host synchronisation and buffers sized by the shapes only (CUDA-gra
    with ``diag`` (a config option, MX experts) the product is taken transposed, weight rows x
    slots, and a 128-column block's four 32-column products come from one fp8 dot on a
    block-diagonal activation tile (:func:`.gemm_skinny.diag_act_tile`), so a block may hold 4
-   rows instead of 16 (faster at decode; not a default: see :data:`MX_FEW_TOKENS`);
+   rows instead of 16 (the MX decode configs, :data:`MX_DECODE`);
 4. the intermediate is quantized per row like x (or inside GEMM 2); GEMM 2 (down [E, H, I]
    + bias, rounded to x.dtype) writes [T*k, H];
 5. :func:`_combine_kernel`: out[t] = sum_j float32(y[t*k + j]) * w[t, j], a fixed-order
@@ -112,16 +112,18 @@ MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
     # where it cannot)
     (float("inf"), MoeConfig(64, 64, 128, num_stages=4, sorted_rows=True, wgmma=True)),
 )
-# MXFP8 experts at the fewest tokens keep the 64-column GEMM-1 tiles: 32 columns ran them 1.06x as fast at GPT-OSS-120B
-# T = 1 but 0.94 / 1.00x at T = 16 / 4, and DeepSeek-V3 0.96 / 1.00 / 0.97x at T = 1 / 4 / 16 (ninth pass, graph-timed)
-MX_FEW_TOKENS = MoeConfig(16, 64, 128, num_warps=4, num_stages=4)
-# Not a default (tenth pass, docs/benchmarks.md): ``diag`` on 4-row blocks, 3 stages, took GPT-OSS-120B T = 1 / 4 / 16 / 64
-# in 61.4 / 150.6 / 422.0 / 870.1 us against 93.5 / 230.4 / 637.7 / 1334.6 for these configs (DeepSeek-V3 1.54-1.75x), but
-# with weight tiles of 64 rows or more its dot runs on wgmma, whose fp8 accumulation keeps about 14 bits of each 32-product
-# sum (f32 outputs 5e-5 - 1e-4 of max |out| from the per-32 dots, which run on mma.sync here, against 1e-8 with 32-row
-# tiles), and the re-quantized intermediate turns that into E4M3 flips: the engine's tiny Qwen3-MoE MXFP8 model then
-# differs from its reference by 2.5e-2 (relative L2; bound 1e-2).  The 32-row-tile variant keeps the precision; its speed
-# is not measured yet.
+# MXFP8 experts at decode, to 16 (token, slot) pairs per expert on average: block-diagonal dots (``diag``) on 4- and 8-row
+# blocks, with weight tiles Triton runs on mma.sync (fewer than 64 rows, or fewer than 4 warps), whose fp8 dot sums each
+# 32-product in full float32 like the per-32 dots before; on wgmma (64+ rows, 4 warps) the sums keep about 14 bits, and the
+# re-quantized intermediate turned that into E4M3 flips: 3e-3 relative L2 from the per-32 dots, against 2e-5 - 4e-4 here.
+# Eleventh pass, graph-timed (docs/benchmarks.md): GPT-OSS-120B T = 1 / 4 / 16 / 64 in 61.4 / 146.6 / 419.8 / 886.7 us
+# against 91.4 / 230.8 / 637.9 / 1335.2 for the former 16-row per-32 configs, DeepSeek-V3 120.7 / 343.9 / 872.2 / 1898.4
+# against 202.7 / 595.9 / 1475.8 / 2954.3; 8x64/64 on 2 warps at T = 128 (4 pairs per expert) 1067.6 / 2639.3 against
+# 1531.3 / 3896.0, at T = 512 (16 pairs) 1981.2 / 6131.7 against 2189.6 / 7143.3 (32-row blocks); at 32 pairs 0.92 / 0.98x.
+MX_DECODE: tuple[tuple[float, MoeConfig], ...] = (
+    (2, MoeConfig(4, 32, 64, num_warps=2, num_stages=3, diag=True)),
+    (16, MoeConfig(8, 64, 64, num_warps=2, num_stages=3, diag=True)),
+)
 # Triton sorted-row tiles: 1.30x (GPT-OSS-120B) / 1.11x (DeepSeek-V3) the same tiles on gathered
 # rows, which were 1.13x / 1.11x the 128x64/128 w8 ones
 PREFILL_TILED = MoeConfig(64, 64, 128, num_warps=4, num_stages=4, sorted_rows=True)
@@ -142,8 +144,8 @@ def pick_moe_config(n_pairs: int, num_experts: int, fmt: str, interleaved: bool 
     the gate/up layout (MX prefill steps differ)."""
     avg = n_pairs / max(num_experts, 1)
     cfg = next(c for limit, c in MOE_CONFIGS if avg <= limit)
-    if fmt == "mxfp8" and avg <= MOE_CONFIGS[0][0]:
-        return MX_FEW_TOKENS
+    if fmt == "mxfp8" and avg <= MX_DECODE[-1][0]:
+        return next(c for limit, c in MX_DECODE if avg <= limit)
     if fmt == "mxfp8" and avg > MOE_CONFIGS[-2][0]:
         return MX_PREFILL_CONFIG if interleaved else replace(MX_PREFILL_CONFIG, mx_step=MX_PREFILL_STEP_CONCAT)
     if fmt == "mxfp8" and cfg.block_m >= 64:  # per-32 promotion costs more than exact bf16 operands there

@@ -23,7 +23,8 @@ with U8 E8M0 scales [N, K/32] (compressed-tensors ``weight_scale``).  K % 32 == 
 
 Which is fastest depends on M (memory- vs compute-bound); scripts/bench_kernels.py measures all
 three, the per-M choices are :data:`MXFP8_CONFIGS` / :data:`W128_CONFIGS` and ``by-shape``
-(:data:`BY_SHAPE_MX`, explicit only until measured).
+(:data:`BY_SHAPE_MX`; the backend ``auto`` picks where Triton is compiled).  Above M = 64 ``by-shape``
+dequantizes the weight per call: a transient bf16 copy of it (2 bytes per element) lives for the call.
 """
 
 from __future__ import annotations
@@ -65,8 +66,11 @@ W128_CONFIGS: ConfigTable = (
     (512, Config(64, 128, num_warps=4, num_stages=4)),
     (INT32_LIMIT, Config(128, 128, upcast=True, tma=True, num_warps=8, num_stages=3)),
 )
-# by-shape for gemm_mxfp8: the Triton kernels up to this M, dequant-bf16 above
-BY_SHAPE_MX: tuple[tuple[int, str], ...] = ((16, "triton"), (INT32_LIMIT, "dequant-bf16"))  # H200 run of 2026-11-29 (docs/benchmarks.md)
+# by-shape for gemm_mxfp8: the Triton kernels up to this M, dequant-bf16 above.  Eleventh pass (H200, 14 served shapes,
+# CUDA graphs, read flush; geomean FP8-block time / MX time): Triton 0.77 / 0.65 / 0.51 at M = 16 / 32 / 64 against
+# dequant-bf16's 0.29 / 0.36 / 0.42; from M = 96 dequant-bf16 0.40-0.41 at M = 96-512 against the table's 0.17-0.21 and
+# the best Triton config tried (tiled 64x128 with split-K, small-M upcast, 128-row tiles on 8 warps) 0.20-0.34.
+BY_SHAPE_MX: tuple[tuple[int, str], ...] = ((64, "triton"), (INT32_LIMIT, "dequant-bf16"))
 
 
 def _mx_scales(s: torch.Tensor) -> torch.Tensor:
@@ -171,9 +175,9 @@ def gemm_mxfp8_by_shape(a, a_scale, w, w_scale, bias=None, out_dtype=torch.bfloa
 
 
 def _explicit(device: torch.device) -> dispatch.Availability:
-    """Where Triton runs, but never chosen by auto (not measured enough to be a default)."""
+    """Where Triton runs, but never chosen by auto (slow at small M: ``by-shape`` picks it above)."""
     why = available(device)
-    return dispatch.Availability(why.ok, auto=False, reason=why.reason or "explicit only until measured")
+    return dispatch.Availability(why.ok, auto=False, reason=why.reason or "explicit only (by-shape runs it at large M)")
 
 
 def _tile_max_exponent(scale: torch.Tensor, n: int, kb: int) -> torch.Tensor:
@@ -213,5 +217,5 @@ def requant_weight_128(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tens
 
 dispatch.register("gemm_mxfp8", "triton", gemm_mxfp8, available=available, priority=PRIORITY)
 dispatch.register("gemm_mxfp8", "dequant-bf16", gemm_mxfp8_bf16, available=_explicit, priority=PRIORITY - 1)
-dispatch.register("gemm_mxfp8", "by-shape", gemm_mxfp8_by_shape, available=_explicit, priority=PRIORITY + 1)
+dispatch.register("gemm_mxfp8", "by-shape", gemm_mxfp8_by_shape, available=available, priority=PRIORITY + 1)
 dispatch.register("gemm_mxfp8_w128", "triton", gemm_mxfp8_w128, available=available, priority=PRIORITY)

@@ -26,7 +26,7 @@ from quantkit.formats import exact, fp8_block, mxfp8
 from quantkit.kernels import dispatch
 from quantkit.kernels.gemm_block_scaled import WORKSPACE, Config, Side, Workspace, auto_split, split_plan
 from quantkit.kernels.gemm_fp8_block import FP8_BLOCK_CONFIGS, pick_config
-from quantkit.kernels.gemm_mxfp8 import MXFP8_CONFIGS, W128_CONFIGS, mx_to_bf16, requant_weight_128
+from quantkit.kernels.gemm_mxfp8 import MXFP8_CONFIGS, W128_CONFIGS, by_shape_choice_mx, mx_to_bf16, requant_weight_128
 from quantkit.kernels.gemm_skinny import SkinnyConfig, block_m_for, scale_words_ok, skinny_split
 from quantkit.kernels.gemm_wgmma import WgmmaConfig
 from quantkit.kernels.scaled_mm import gemm_fp8_block_ref, gemm_mxfp8_ref, gemm_mxfp8_w128_ref
@@ -260,7 +260,9 @@ def test_mxfp8_dequant_bf16_path(triton_device, gen):
     for backend in ("dequant-bf16", "by-shape"):  # by-shape runs Triton at M = 3
         out = dispatch.call("gemm_mxfp8", a, sa, q, sw, b, torch.float32, backend=backend)
         assert_gemm_close(out, ref, f"mxfp8 {backend}", 1e-5)
-    assert dispatch.which("gemm_mxfp8", "cuda" if HAS_CUDA else "cpu") != "by-shape", "MX by-shape is explicit only"
+    # auto runs by-shape where Triton is compiled (interpreted: explicit backends only); Triton to M = 64 (eleventh pass)
+    assert dispatch.which("gemm_mxfp8", "cuda") == "by-shape" if HAS_CUDA else dispatch.which("gemm_mxfp8", "cpu") == "torch"
+    assert [by_shape_choice_mx(m) for m in (1, 64, 65, 8192)] == ["triton", "triton", "dequant-bf16", "dequant-bf16"]
 
 
 def test_split_k_is_deterministic_and_leaves_counters_at_zero(triton_device, gen):

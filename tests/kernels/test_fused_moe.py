@@ -12,7 +12,8 @@
   float32 accumulation and x.dtype roundings, so only float32 summation order (and ``exp``)
   differ.  Tolerance: |out - ref| <= 2**-7 |ref| + 1e-2 max|ref| elementwise and a relative
   L2 error <= 5e-3 (CPU) / 1e-2 (GPU, whose fp8 tensor core keeps ~14 bits within each scale
-  block); a re-rounded intermediate can move one E4M3 step, a layout or scale bug moves
+  block); a re-rounded intermediate can move one E4M3 step (on the GPU at the tiny shapes a
+  whole token row: 5e-2 max|ref| there, :func:`tiny_bounds`), a layout or scale bug moves
   everything by O(1) (the layout-swap test shows the margin).
 """
 
@@ -51,10 +52,11 @@ def routed(t: int, k: int, e: int, gen: torch.Generator, device="cpu") -> tuple[
     return w.to(device), ids.to(device)
 
 
-def assert_moe_close(out: torch.Tensor, ref: torch.Tensor, what: str, rel_l2: float) -> None:
+def assert_moe_close(out: torch.Tensor, ref: torch.Tensor, what: str, rel_l2: float, elem: float = 1e-2) -> None:
+    """|out - ref| <= 2**-7 |ref| + elem * max|ref| elementwise, relative L2 error <= rel_l2."""
     o, r = out.float().cpu(), ref.float().cpu()
     assert out.dtype == ref.dtype and o.shape == r.shape, f"{what}: {out.dtype}{tuple(o.shape)} vs {ref.dtype}{tuple(r.shape)}"
-    excess = (o - r).abs() - 2.0**-7 * r.abs() - 1e-2 * r.abs().max()
+    excess = (o - r).abs() - 2.0**-7 * r.abs() - elem * r.abs().max()
     i = int(excess.argmax())
     t, c = divmod(i, r.shape[1])
     assert excess.flatten()[i] <= 0, f"{what}: worst element [token {t}, col {c}] got {o[t, c].item()!r}, want {r[t, c].item()!r}"
@@ -289,9 +291,15 @@ CASES = [
 ]
 
 
-def rel_l2(device) -> float:
-    """The relative L2 bound of the module docstring: the CPU interpreter's float32 sums, or the GPU's fp8 tensor core."""
-    return 1e-2 if torch.device(device).type == "cuda" else 5e-3
+def tiny_bounds(device) -> tuple[float, float]:
+    """(relative L2, elementwise share of max|ref|) for the tiny cases.  CPU interpreter: float32 sums, the module
+    docstring's 5e-3 / 1e-2.  GPU: with 64+ row tiles the fp8 dots run on wgmma, whose ~14-bit sums within a scale
+    block re-round some intermediate values by one E4M3 step; at I = 96-384 one such step of a row's largest value moves
+    that token's whole output row (every column through its down-projection weight) by a few percent of max|ref|:
+    H200, default prefill config, I = 128-384: up to 4.3e-2 absolute, relative L2 4e-3 - 6e-3, the same bytes from every
+    64+ row config and 1e-5 - 3e-4 from 16-row blocks (mma.sync, float32 sums).  L2 1e-2 still fails a layout or scale
+    bug by orders of magnitude (the layout-swap test)."""
+    return (1e-2, 5e-2) if torch.device(device).type == "cuda" else (5e-3, 1e-2)
 
 
 def on(wt: ExpertWeights, device) -> ExpertWeights:
@@ -308,7 +316,7 @@ def test_triton_fused_moe_matches_reference(triton_device, gen, fmt, spec, e, h,
     x = (torch.randn(t, h, generator=gen) * xs).to(torch.bfloat16)
     w, ids = routed(t, k, e, gen)
     ref = fused_moe_ref(x, w, ids, w13, w2, spec)
-    assert_moe_close(run_triton(x, w, ids, w13, w2, spec, triton_device, cfg), ref, f"{fmt} {spec.activation} {cfg.name()}", rel_l2(triton_device))
+    assert_moe_close(run_triton(x, w, ids, w13, w2, spec, triton_device, cfg), ref, f"{fmt} {spec.activation} {cfg.name()}", *tiny_bounds(triton_device))
 
 
 # expert-sorted rows through TMA (fused_moe_sorted): interleaved gate/up as one 128-row tile,
@@ -335,7 +343,7 @@ def test_sorted_rows_match_reference(triton_device, gen, fmt, spec, e, h, inter,
     x = (torch.randn(t, h, generator=gen) * xs).to(torch.bfloat16)
     w, ids = routed(t, k, e, gen)
     out = run_triton(x, w, ids, w13, w2, spec, triton_device, cfg)
-    assert_moe_close(out, fused_moe_ref(x, w, ids, w13, w2, spec), f"sorted {spec.activation} {cfg.name()}", rel_l2(triton_device))
+    assert_moe_close(out, fused_moe_ref(x, w, ids, w13, w2, spec), f"sorted {spec.activation} {cfg.name()}", *tiny_bounds(triton_device))
     gathered = run_triton(x, w, ids, w13, w2, spec, triton_device, replace(cfg, sorted_rows=False))
     assert_moe_close(out, gathered, "sorted vs gathered rows (summation order only)", 1e-3)
 
@@ -347,7 +355,7 @@ def test_default_config_at_prefill_takes_sorted_rows(triton_device, gen):
     w, ids = routed(170, 2, 2, gen)
     cfg = pick_moe_config(170 * 2, 2, "fp8-block")
     assert cfg.sorted_rows and sorted_ok(w13, w2, GPT_OSS, cfg.block_n1, cfg.block_n2)
-    assert_moe_close(run_triton(x, w, ids, w13, w2, GPT_OSS, triton_device), fused_moe_ref(x, w, ids, w13, w2, GPT_OSS), "default prefill config", rel_l2(triton_device))
+    assert_moe_close(run_triton(x, w, ids, w13, w2, GPT_OSS, triton_device), fused_moe_ref(x, w, ids, w13, w2, GPT_OSS), "default prefill config", *tiny_bounds(triton_device))
 
 
 def test_sorted_rows_only_where_scales_are_uniform_per_tile(triton_device, gen):
@@ -363,7 +371,7 @@ def test_sorted_rows_only_where_scales_are_uniform_per_tile(triton_device, gen):
     x = torch.randn(6, 160, generator=gen).to(torch.bfloat16)
     w, ids = routed(6, 2, 3, gen)
     out = run_triton(x, w, ids, w13, w2, SILU, triton_device, MoeConfig(16, 64, 64, sorted_rows=True))
-    assert_moe_close(out, fused_moe_ref(x, w, ids, w13, w2, SILU), "fallback to gathered rows", rel_l2(triton_device))
+    assert_moe_close(out, fused_moe_ref(x, w, ids, w13, w2, SILU), "fallback to gathered rows", *tiny_bounds(triton_device))
 
 
 def test_wgmma_rules_and_fallback(triton_device, gen, monkeypatch):
@@ -406,7 +414,7 @@ def test_split_k_is_used_and_deterministic(triton_device, gen):
     w, ids = routed(1, 2, 4, gen)
     a, b = (run_triton(x, w, ids, w13, w2, SILU, triton_device, cfg) for _ in range(2))
     assert torch.equal(a.view(torch.int16), b.view(torch.int16))
-    assert_moe_close(a, fused_moe_ref(x, w, ids, w13, w2, SILU), "auto split", rel_l2(triton_device))
+    assert_moe_close(a, fused_moe_ref(x, w, ids, w13, w2, SILU), "auto split", *tiny_bounds(triton_device))
 
 
 @pytest.mark.parametrize("t,fuse", [(1, False), (1, True), (6, False)])  # the default config (None) and fused quantization
@@ -433,8 +441,10 @@ def test_wrong_gate_up_layout_is_far_outside_the_tolerance(triton_device, gen):
     w, ids = routed(5, 2, 4, gen)
     ref = fused_moe_ref(x, w, ids, w13, w2, MoeSpec("gpt-oss", interleaved=False))
     out = run_triton(x, w, ids, w13, w2, GPT_OSS, triton_device, MoeConfig(16, 32, 32))
+    l2, elem = tiny_bounds(triton_device)
     with pytest.raises(AssertionError, match="worst element"):
-        assert_moe_close(out, ref, "swapped layout", 5e-3)
+        assert_moe_close(out, ref, "swapped layout", l2, elem)
+    assert ((out.float().cpu() - ref.float()).norm() / ref.float().norm()).item() > 10 * l2
 
 
 # ---- registration, configs and rejected inputs --------------------------------------------------

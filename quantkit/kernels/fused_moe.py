@@ -120,8 +120,10 @@ MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
 # against 91.4 / 230.8 / 637.9 / 1335.2 for the former 16-row per-32 configs, DeepSeek-V3 120.7 / 343.9 / 872.2 / 1898.4
 # against 202.7 / 595.9 / 1475.8 / 2954.3; 8x64/64 on 2 warps at T = 128 (4 pairs per expert) 1067.6 / 2639.3 against
 # 1531.3 / 3896.0, at T = 512 (16 pairs) 1981.2 / 6131.7 against 2189.6 / 7143.3 (32-row blocks); at 32 pairs 0.92 / 0.98x.
+# K split for 4 programs per SM (``waves`` 4) at the fewest tokens: GPT-OSS-120B T = 1 51.5 us against 60.3 with 1 (DeepSeek-V3
+# 109.2 against 112.1), T = 4 / 16 unchanged; 2 / 8 / 16 per SM 0.89-1.06x.
 MX_DECODE: tuple[tuple[float, MoeConfig], ...] = (
-    (2, MoeConfig(4, 32, 64, num_warps=2, num_stages=3, diag=True)),
+    (2, MoeConfig(4, 32, 64, num_warps=2, num_stages=3, waves=4, diag=True)),
     (16, MoeConfig(8, 64, 64, num_warps=2, num_stages=3, diag=True)),
 )
 # Triton sorted-row tiles: 1.30x (GPT-OSS-120B) / 1.11x (DeepSeek-V3) the same tiles on gathered

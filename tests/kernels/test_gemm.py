@@ -256,11 +256,13 @@ def test_mx_to_bf16_is_the_exact_dequantization(triton_device, gen):
 
 
 def test_mxfp8_dequant_bf16_path(triton_device, gen):
-    a, sa, q, sw, b = mx_case(3, 80, 224, gen, True, triton_device)
-    ref = gemm_mxfp8_ref(a.cpu(), sa.cpu(), q.cpu(), sw.cpu(), b.cpu(), torch.float32)
-    for backend in ("dequant-bf16", "by-shape"):  # by-shape runs Triton at M = 3
-        out = dispatch.call("gemm_mxfp8", a, sa, q, sw, b, torch.float32, backend=backend)
-        assert_gemm_close(out, ref, f"mxfp8 {backend}", 1e-5)
+    for m in (3, 70):  # by-shape runs Triton at M = 3, dequant-bf16 at 70
+        a, sa, q, sw, b = mx_case(m, 80, 224, gen, True, triton_device)
+        ref = gemm_mxfp8_ref(a.cpu(), sa.cpu(), q.cpu(), sw.cpu(), b.cpu(), torch.float32)
+        outs = {bk: dispatch.call("gemm_mxfp8", a, sa, q, sw, b, torch.float32, backend=bk) for bk in ("dequant-bf16", "by-shape", "triton")}
+        for backend, out in outs.items():
+            assert_gemm_close(out, ref, f"mxfp8 {backend} M={m}", 1e-5)
+        assert torch.equal(outs["by-shape"], outs["triton" if m <= 64 else "dequant-bf16"]), f"by-shape at M = {m} took the other path"
     # auto runs by-shape where Triton is compiled (interpreted: explicit backends only); Triton to M = 64 (eleventh pass)
     assert dispatch.which("gemm_mxfp8", "cuda") == "by-shape" if HAS_CUDA else dispatch.which("gemm_mxfp8", "cpu") == "torch"
     assert [by_shape_choice_mx(m) for m in (1, 64, 65, 8192)] == ["triton", "triton", "dequant-bf16", "dequant-bf16"]

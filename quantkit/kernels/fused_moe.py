@@ -249,6 +249,23 @@ def _moe_step_diag(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, a_ok, row_
     return acc_g, acc_u
 
 
+@triton.jit
+def _moe_kernel_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, a_ok, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
+                     s_am, s_asm, s_wn, s_wsn, GATED: tl.constexpr, A_KPS: tl.constexpr, A_E8M0: tl.constexpr, W_RPS: tl.constexpr,
+                     W_KPS: tl.constexpr, W_E8M0: tl.constexpr, W_UNIFORM: tl.constexpr, UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr,
+                     QMODE: tl.constexpr, RCEIL: tl.constexpr, HW_CAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                     SUB_K: tl.constexpr, MASKED: tl.constexpr, DIAG: tl.constexpr):  # fmt: skip
+    """One K-block of :func:`_moe_gemm_kernel`: the transposed block-diagonal step (DIAG) or the promoted / upcast one."""
+    if DIAG:  # an else, not an early return: Triton compiles what follows a return, and the shapes differ
+        acc_g, acc_u = _moe_step_diag(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, a_ok, row_g, row_u, K, AS_COLS, WS_COLS,
+                                      s_am, s_asm, s_wn, s_wsn, GATED, BLOCK_M, BLOCK_K, SUB_K, MASKED)  # fmt: skip
+    else:
+        acc_g, acc_u = _moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, a_ok, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
+                                 s_am, s_asm, s_wn, s_wsn, GATED, A_KPS, A_E8M0, W_RPS, W_KPS, W_E8M0, W_UNIFORM, UPCAST, UP_DTYPE,
+                                 QMODE, RCEIL, HW_CAST, BLOCK_K, SUB_K, MASKED)  # fmt: skip
+    return acc_g, acc_u
+
+
 @triton.jit(do_not_specialize=["n_slots", "up_off", "EM", "kb_per_split"])
 def _moe_gemm_kernel(
     a_ptr, as_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ptr, npad_ptr, part_ptr, count_ptr,
@@ -280,28 +297,21 @@ def _moe_gemm_kernel(
     n_full = K // BLOCK_K  # full 128-blocks run unmasked; the partial last one (GPT-OSS's 2880) masked
     kb_lo = tl.program_id(1) * kb_per_split
     kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))
+    ACC_R: tl.constexpr = BLOCK_N if DIAG else BLOCK_M  # DIAG takes the product transposed: weight rows x slots
+    ACC_C: tl.constexpr = BLOCK_M if DIAG else BLOCK_N
+    acc_g = tl.zeros((ACC_R, ACC_C), dtype=tl.float32)
+    acc_u = tl.zeros((ACC_R, ACC_C), dtype=tl.float32)
+    for kb in range(kb_lo, tl.minimum(kb_hi, n_full)):
+        acc_g, acc_u = _moe_kernel_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, valid, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
+                                        s_am, s_asm, s_wn, s_wsn, GATED, A_KPS, A_E8M0, W_RPS, W_KPS, W_E8M0, W_UNIFORM, UPCAST, UP_DTYPE,
+                                        QMODE, RCEIL, HW_CAST, BLOCK_M, BLOCK_K, SUB_K, False, DIAG)  # fmt: skip
+    if (kb_hi > n_full) & (kb_lo <= n_full):  # this split holds the partial last block
+        acc_g, acc_u = _moe_kernel_step(acc_g, acc_u, n_full, a_ptr, as_ptr, w_e, ws_e, a_row, valid, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
+                                        s_am, s_asm, s_wn, s_wsn, GATED, A_KPS, A_E8M0, W_RPS, W_KPS, W_E8M0, W_UNIFORM, UPCAST, UP_DTYPE,
+                                        QMODE, RCEIL, HW_CAST, BLOCK_M, BLOCK_K, SUB_K, True, DIAG)  # fmt: skip
     if DIAG:
-        acc_gt = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        acc_ut = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for kb in range(kb_lo, tl.minimum(kb_hi, n_full)):
-            acc_gt, acc_ut = _moe_step_diag(acc_gt, acc_ut, kb, a_ptr, as_ptr, w_e, ws_e, a_row, valid, row_g, row_u, K, AS_COLS, WS_COLS,
-                                            s_am, s_asm, s_wn, s_wsn, GATED, BLOCK_M, BLOCK_K, SUB_K, False)  # fmt: skip
-        if (kb_hi > n_full) & (kb_lo <= n_full):  # this split holds the partial last block
-            acc_gt, acc_ut = _moe_step_diag(acc_gt, acc_ut, n_full, a_ptr, as_ptr, w_e, ws_e, a_row, valid, row_g, row_u, K, AS_COLS, WS_COLS,
-                                            s_am, s_asm, s_wn, s_wsn, GATED, BLOCK_M, BLOCK_K, SUB_K, True)  # fmt: skip
-        acc_g = tl.trans(acc_gt)
-        acc_u = tl.trans(acc_ut)
-    else:
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kb in range(kb_lo, tl.minimum(kb_hi, n_full)):
-            acc_g, acc_u = _moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, valid, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
-                                     s_am, s_asm, s_wn, s_wsn, GATED, A_KPS, A_E8M0, W_RPS, W_KPS, W_E8M0, W_UNIFORM, UPCAST, UP_DTYPE,
-                                     QMODE, RCEIL, HW_CAST, BLOCK_K, SUB_K, False)  # fmt: skip
-        if (kb_hi > n_full) & (kb_lo <= n_full):  # this split holds the partial last block
-            acc_g, acc_u = _moe_step(acc_g, acc_u, n_full, a_ptr, as_ptr, w_e, ws_e, a_row, valid, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
-                                     s_am, s_asm, s_wn, s_wsn, GATED, A_KPS, A_E8M0, W_RPS, W_KPS, W_E8M0, W_UNIFORM, UPCAST, UP_DTYPE,
-                                     QMODE, RCEIL, HW_CAST, BLOCK_K, SUB_K, True)  # fmt: skip
+        acc_g = tl.trans(acc_g)
+        acc_u = tl.trans(acc_u)
 
     if HAS_SPLIT:
         last, acc_g, acc_u = split_reduce_pair(acc_g, acc_u, part_ptr, count_ptr, tl.program_id(0), tl.num_programs(0),

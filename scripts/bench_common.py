@@ -30,6 +30,13 @@ FLUSH_BYTES = 256 * 2**20  # as triton.testing.do_bench: several times the 50 MB
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def read_flush(torch, device) -> Callable[[], object]:
+    """The timers' L2 flush: a call reads FLUSH_BYTES (an amax into a scalar), leaving the L2 clean (see FLUSH_BYTES)."""
+    buf = torch.zeros(FLUSH_BYTES // 4, dtype=torch.float32, device=device)
+    sink = torch.zeros((), dtype=torch.float32, device=device)
+    return lambda: torch.amax(buf, out=sink)
+
+
 def bench_parser(doc: str, budget_s: float, rep_ms: int, hbm: bool = False) -> argparse.ArgumentParser:
     """The arguments every kernel benchmark takes (what :func:`start_device` and :class:`Bench`
     read): --out, --append, --device, --warmup-ms, --rep-ms, --budget-s (and --hbm-gbs)."""
@@ -164,8 +171,7 @@ class Bench:
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-    _flush: object = None
-    _sink: object = None
+    _flush: Callable[[], object] | None = None
     _flush_graphs: dict = field(default_factory=dict)
 
     @property
@@ -200,8 +206,7 @@ class Bench:
         """ms per call replayed from a CUDA graph, each call after an L2 flush; None below noise."""
         torch = self.torch
         if self._flush is None:
-            self._flush = torch.zeros(FLUSH_BYTES // 4, dtype=torch.float32, device=self.device)
-            self._sink = torch.zeros((), dtype=torch.float32, device=self.device)
+            self._flush = read_flush(torch, self.device)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs recommends
@@ -229,8 +234,8 @@ class Bench:
         return ms if ms > 0 else None
 
     def l2_flush(self) -> None:
-        """Evict the L2 by reading FLUSH_BYTES (leaves it clean; see FLUSH_BYTES)."""
-        self.torch.amax(self._flush, out=self._sink)
+        """Evict the L2 by reading FLUSH_BYTES (:func:`read_flush`)."""
+        self._flush()
 
     def _flush_graph(self, reps: int):
         if reps not in self._flush_graphs:

@@ -17,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
+from bench_common import read_flush  # noqa: E402
 from bench_moe import MODELS, model_experts, tokens  # noqa: E402  (same experts and batches as the benchmark)
 
 VARIANTS = ({}, {"num_stages": 2}, {"num_stages": 3}, {"num_stages": 6}, {"split_k": 1}, {"num_warps": 2}, {"num_warps": 8},
@@ -28,13 +29,12 @@ def launches(torch, fn, flush, reps: int = 10) -> list[tuple[str, float]]:
     """(kernel name, median us) per launch of one ``fn`` call, in launch order."""
     from torch.profiler import ProfilerActivity, profile
 
-    sink = torch.zeros((), dtype=torch.float32, device=flush.device)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            torch.amax(flush, out=sink)  # a read flush: the L2 left clean (bench_common.FLUSH_BYTES)
+            flush()  # a read flush: the L2 left clean (bench_common.FLUSH_BYTES)
             fn()
         torch.cuda.synchronize()
     events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "elementwise" not in e.name and "reduce_kernel" not in e.name]
@@ -90,7 +90,7 @@ def main() -> None:
     args = p.parse_args()
     import torch
 
-    flush = torch.zeros(256 * 2**20 // 4, dtype=torch.float32, device="cuda")
+    flush = read_flush(torch, "cuda")
     for name in args.models:
         profile_model(torch, name, args.tokens, flush)
         torch.cuda.empty_cache()

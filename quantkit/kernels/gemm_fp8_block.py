@@ -32,9 +32,10 @@ import torch
 from . import dispatch
 from .gemm_block_scaled import BLOCK_K, INT32_LIMIT, Config, Side, Workspace, block_scaled_mm, tma_ok
 from .gemm_skinny import SkinnyConfig, skinny_mm
+from .gemm_wgmma import BLOCK_N as WGMMA_BLOCK_N
 from .gemm_wgmma import WgmmaConfig, wgmma_mm, why_not
 from .scaled_mm import BY_SHAPE_PRIORITY, by_shape_choice, cublas_available, gemm_fp8_block_cublas
-from .triton_numerics import PRIORITY, available
+from .triton_numerics import PRIORITY, available, cdiv
 
 KernelConfig = Config | SkinnyConfig | WgmmaConfig
 ConfigTable = tuple[tuple[int, KernelConfig], ...]
@@ -65,7 +66,7 @@ def small_m_prefers_skinny(m: int, n: int, k: int) -> bool:
     column tiles on K > 4096 its few programs each walk the whole K, and the small-M kernel (which splits
     K over every SM) is faster (ninth pass: DeepSeek-V3 q_a+kv_a 15.5 against 22.4 us at M = 64, expert
     gate_up and Qwen3-235B o 4-5%)."""
-    return m <= SMALL_M_MAX and k > 4096 and -(-n // 128) < 48
+    return m <= SMALL_M_MAX and k > 4096 and cdiv(n, WGMMA_BLOCK_N) < 48
 
 
 TILED_MID = Config(64, 128, group=8, num_warps=4, num_stages=4)  # the tiled kernel up to M = 512

@@ -189,8 +189,7 @@ def diag_promote(acc, d, ws, sa):
 @triton.jit
 def _skinny_step_diag(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, kb, K, WS_COLS, AS_COLS,
                       swn, swsn, swsk, sam, sasm, sask, W_E8M0: tl.constexpr, A_E8M0: tl.constexpr, W_WORDS: tl.constexpr, A_WORDS: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr,
-                      MASKED: tl.constexpr, PAD: tl.constexpr):  # fmt: skip
+                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, MASKED: tl.constexpr, PAD: tl.constexpr):  # fmt: skip
     """One BLOCK_K step with per-SUB_K scales on both sides (MXFP8) in one tensor-core dot: the activation
     tile is laid out block-diagonally, [BLOCK_K, G * BLOCK_M] with column g * BLOCK_M + m holding token m's
     columns of sub-block g and zeros elsewhere (masked: not read), so the dot returns the G sub-block products
@@ -231,7 +230,7 @@ def _kernel_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb
     """One K-block of :func:`_skinny_kernel`: the block-diagonal step (DIAG) or the promoted / upcast one."""
     if DIAG:
         return _skinny_step_diag(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, kb, K, WS_COLS, AS_COLS,
-                                 swn, swsn, swsk, sam, sasm, sask, W_E8M0, A_E8M0, W_WORDS, A_WORDS, BLOCK_N, BLOCK_M, BLOCK_K, SUB_K, MASKED, PAD)  # fmt: skip
+                                 swn, swsn, swsk, sam, sasm, sask, W_E8M0, A_E8M0, W_WORDS, A_WORDS, BLOCK_M, BLOCK_K, SUB_K, MASKED, PAD)  # fmt: skip
     return _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb, K, WS_COLS, AS_COLS,
                         swn, swsn, swsk, sam, sasm, sask, W_RPS, W_KPS, W_E8M0, A_KPS, A_E8M0,
                         BLOCK_N, BLOCK_K, SUB_K, DOT, MASKED, UPCAST, UP_DTYPE, BLOCK_M, PAD)  # fmt: skip

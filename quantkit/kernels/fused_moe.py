@@ -77,6 +77,7 @@ class MoeConfig:
     mx_step: int = 32  # sorted rows, MX experts: K columns per step (32 / 64 / 128), scales folded into bf16 operands
     wgmma: bool = False  # sorted rows, FP8-block, 64- or 128-row blocks: the warp-specialised Gluon kernel (sm_90), num_stages its ring
     diag: bool = False  # gathered rows, MX experts, activations quantized once, no upcast: one block-diagonal fp8 dot per 128 columns
+    block_k: int = 128  # gathered rows, FP8-block experts (MX experts keep 128): K columns per step, 128 or 256 (two promoted blocks)
 
     def name(self) -> str:
         flags = ("/up" if self.upcast else "") + ("/fq" if self.fuse_quant else "") + (f"/s{self.split_k}" if self.split_k else "")
@@ -84,6 +85,7 @@ class MoeConfig:
         flags += f"/k{self.mx_step}" if self.mx_step != 32 else ""
         flags += "/wgmma" if self.wgmma else ""
         flags += "/diag" if self.diag else ""
+        flags += f"/bk{self.block_k}" if self.block_k != BLOCK_K else ""
         return f"{self.block_m}x{self.block_n1}/{self.block_n2}/w{self.num_warps}/st{self.num_stages}{flags}"
 
 
@@ -100,9 +102,15 @@ class MoeConfig:
 # masked, clean L2, graph-timed, two repetitions agreeing within 1%): 32-column GEMM-1 tiles (16 intermediate
 # columns of each expert per program) against 64: GPT-OSS-120B 1.00-1.04 / 1.05 / 1.01x at T = 1 / 4 / 16 (T = 4
 # 132.6 -> 126.5 us), DeepSeek-V3 1.02 / 0.99 / 1.02x; 32-column GEMM-2 tiles, 5 stages, 8 warps: mixed or slower.
+# Twelfth pass (graph-timed, read flush, the same output bytes): 256-column K steps on 3 stages (``block_k``: twice the
+# weight bytes in flight per stage; Nsight Compute had GEMM 1 at 61% and GEMM 2 at 42% of DRAM peak at T = 1) against
+# 128 on 4: GPT-OSS-120B 0.94 / 0.95 / 1.03 / 1.06 / 1.07 / 1.07 / 1.07x at T = 1 / 2 / 4 / 8 / 16 / 64 / 128, DeepSeek-V3
+# 0.95 / 1.12 / 1.07 / 1.03 / 1.05 / 1.05 / 1.02x; at T = 512 (the 32-row row) 1.04 / 0.98x, not taken; 4 stages or 8 warps
+# with 256-column steps: slower or no better.
 MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
-    (0.5, MoeConfig(16, 32, 128, num_warps=4, num_stages=4)),
-    (8, MoeConfig(16, 64, 64, num_warps=4, num_stages=4)),  # GPT-OSS-120B T=128: 0.871 ms vs 1.019 (16x32/32)
+    (1 / 32, MoeConfig(16, 32, 128, num_warps=4, num_stages=4)),  # one token: 4 of 128 / 8 of 256 experts
+    (0.5, MoeConfig(16, 32, 128, num_warps=4, num_stages=3, block_k=256)),
+    (8, MoeConfig(16, 64, 64, num_warps=4, num_stages=3, block_k=256)),  # GPT-OSS-120B T=128: 0.871 ms vs 1.019 (16x32/32), 0.822 with bk256
     (48, MoeConfig(32, 64, 64, num_warps=4, num_stages=4)),
     (160, MoeConfig(64, 64, 128, num_warps=4, num_stages=3)),
     # 8192-token prefill, fp8-block: expert-sorted rows through TMA on the warp-specialised Gluon
@@ -189,7 +197,7 @@ def _moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, a_ok, row_g, ro
               W_RPS: tl.constexpr, W_KPS: tl.constexpr, W_E8M0: tl.constexpr, W_UNIFORM: tl.constexpr,
               UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr, QMODE: tl.constexpr, RCEIL: tl.constexpr,
               HW_CAST: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
-    """One 128-column block of K: its SUB_K sub-blocks, each product promoted with both scales.  Padding rows (a_ok
+    """One BLOCK_K-column block of K: its SUB_K sub-blocks, each product promoted with both scales.  Padding rows (a_ok
     false) are not read: they load as zeros."""
     offs_k = tl.arange(0, SUB_K)
     for j in tl.static_range(BLOCK_K // SUB_K):
@@ -294,7 +302,7 @@ def _moe_gemm_kernel(
     row0 = pid_n * BLOCK_N * ROW_STEP
     w_e = w_ptr + e * s_we
     ws_e = ws_ptr + e * s_wse
-    n_full = K // BLOCK_K  # full 128-blocks run unmasked; the partial last one (GPT-OSS's 2880) masked
+    n_full = K // BLOCK_K  # full K-blocks run unmasked; the partial last one (GPT-OSS's 2880) masked
     kb_lo = tl.program_id(1) * kb_per_split
     kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))
     ACC_R: tl.constexpr = BLOCK_N if DIAG else BLOCK_M  # DIAG takes the product transposed: weight rows x slots
@@ -367,10 +375,12 @@ def _gemm(a: torch.Tensor, sa: torch.Tensor | None, w: ExpertWeights, out: torch
     row_step, up_off = (2, 1) if interleaved else (1, n_out if gated else 0)
     # one weight scale row per tile (gate and up alike): a scalar scale load and promotion
     uniform = fp8b and 128 % (block_n * row_step) == 0 and up_off % (1 if interleaved else 128) == 0
+    block_k = cfg.block_k if fp8b else BLOCK_K
+    assert block_k in (BLOCK_K, 2 * BLOCK_K) and not (diag and block_k != BLOCK_K), f"{cfg.name()}: block_k 128, or 256 on FP8-block experts"
     bias = w.bias if w.bias is not None else out
     cap = al.sorted_ids.shape[0]
     tiles = cdiv(cap, al.block_m) * cdiv(n_out, block_n)
-    split, per = moe_split(cfg, tiles, n_slots, n_out, block_n, k, out.device)
+    split, per = moe_split(cfg, tiles, n_slots, n_out, block_n, k, out.device, block_k)
     part, count = (out, out)
     if split > 1:
         part = WORKSPACE.partials(split * tiles * al.block_m * block_n * (2 if gated else 1), out.device)
@@ -384,17 +394,18 @@ def _gemm(a: torch.Tensor, sa: torch.Tensor | None, w: ExpertWeights, out: torch
         W_RPS=128 if fp8b else 1, W_KPS=128 if fp8b else 32, W_E8M0=not fp8b, W_UNIFORM=uniform, HAS_BIAS=w.bias is not None,
         UPCAST=cfg.upcast, UP_DTYPE=tl.float32 if interpreted() else tl.bfloat16,
         QMODE=qmode, RCEIL=spec.rule == "rceil", HW_CAST=hw_e4m3(a.device),
-        BLOCK_M=al.block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K, SUB_K=128 if fp8b else 32,
+        BLOCK_M=al.block_m, BLOCK_N=block_n, BLOCK_K=block_k, SUB_K=128 if fp8b else 32,
         GROUP_M=cfg.group_m, HAS_SPLIT=split > 1, DIAG=diag, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
 
-def moe_split(cfg: MoeConfig, tiles: int, n_pairs: int, n_out: int, block_n: int, k: int, device: torch.device) -> tuple[int, int]:
-    """(K splits, 128-blocks per split) of one grouped GEMM.  Auto (``split_k`` 0): with few
+def moe_split(cfg: MoeConfig, tiles: int, n_pairs: int, n_out: int, block_n: int, k: int, device: torch.device,
+              block_k: int = BLOCK_K) -> tuple[int, int]:  # fmt: skip
+    """(K splits, ``block_k`` blocks per split) of one grouped GEMM.  Auto (``split_k`` 0): with few
     (token, slot) pairs the busy programs -- at most min(row blocks, pairs) x column tiles -- cannot
     fill ``waves`` per SM, so K is split until they can (at least 2 K-blocks per split); the
     partial sums are reduced in split order (deterministic)."""
-    n_kb = cdiv(k, BLOCK_K)
+    n_kb = cdiv(k, block_k)
     want = cfg.split_k
     if not want:
         busy = min(tiles // cdiv(n_out, block_n), n_pairs) * cdiv(n_out, block_n)

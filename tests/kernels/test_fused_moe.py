@@ -288,6 +288,12 @@ CASES = [
     ("mxfp8", SILU, 3, 160, 96, 40, 2, 1.0, MX_DECODE[1][1]),
     ("mxfp8", GPT_OSS, 4, 416, 288, 1, 2, 1.0, MX_DECODE[0][1]),  # auto split-K
     ("fp8-block", SILU, 3, 416, 256, 3, 2, 1.0, MoeConfig(16, 64, 64, waves=64)),
+    # FP8-block, 256-column steps (two promoted 128-blocks): a partial last step with one empty sub-block (416, 288), a
+    # K shorter than one step (160, fused quantization), split-K; 11 K-blocks in 6 splits (the reduction's 4 + 2)
+    ("fp8-block", GPT_OSS, 4, 416, 288, 2, 2, 1.0, MoeConfig(16, 32, 128, block_k=256)),
+    ("fp8-block", GPT_OSS, 3, 160, 96, 1, 2, 20.0, MoeConfig(16, 32, 64, fuse_quant=True, block_k=256)),
+    ("fp8-block", SILU, 4, 416, 288, 2, 2, 1.0, MoeConfig(16, 32, 32, block_k=256, split_k=2)),
+    ("fp8-block", SILU, 2, 1408, 96, 1, 2, 1.0, MoeConfig(16, 32, 32, split_k=6)),
 ]
 
 
@@ -464,6 +470,11 @@ def test_config_table():
     assert pick_moe_config(160 * 128, 128, "mxfp8") == replace(MOE_CONFIGS[-2][1], upcast=True)
     assert not pick_moe_config(4, 128, "mxfp8").upcast
     assert pick_moe_config(4, 128, "fp8-block").block_n1 == 32  # ninth pass
+    # twelfth pass: 256-column K steps for FP8-block experts from 2 tokens (GPT-OSS-120B) to 8 pairs per expert; never for MX
+    assert pick_moe_config(4, 128, "fp8-block").block_k == 128 and pick_moe_config(8, 256, "fp8-block").block_k == 128
+    assert pick_moe_config(8, 128, "fp8-block").block_k == pick_moe_config(1024, 128, "fp8-block").block_k == 256
+    assert pick_moe_config(1025, 128, "fp8-block").block_k == 128
+    assert all(pick_moe_config(n, 128, "mxfp8").block_k == 128 for n in (4, 8, 1024, 2049, 8192 * 4))
     assert not any(pick_moe_config(n, 128, "fp8-block").diag for n in (4, 256, 1024, 8192 * 4)), "diag is MX only"
     # MX decode (eleventh pass): block-diagonal dots to 16 pairs per expert, then the shared table
     assert pick_moe_config(4, 128, "mxfp8") == MX_DECODE[0][1] and pick_moe_config(256, 128, "mxfp8") == MX_DECODE[0][1]

@@ -102,7 +102,7 @@ class MoeConfig:
 # masked, clean L2, graph-timed, two repetitions agreeing within 1%): 32-column GEMM-1 tiles (16 intermediate
 # columns of each expert per program) against 64: GPT-OSS-120B 1.00-1.04 / 1.05 / 1.01x at T = 1 / 4 / 16 (T = 4
 # 132.6 -> 126.5 us), DeepSeek-V3 1.02 / 0.99 / 1.02x; 32-column GEMM-2 tiles, 5 stages, 8 warps: mixed or slower.
-# Twelfth pass (graph-timed, read flush, the same output bytes): 256-column K steps on 3 stages (``block_k``: twice the
+# Twelfth pass (graph-timed, read flush; outputs identical in those runs): 256-column K steps on 3 stages (``block_k``: twice the
 # weight bytes in flight per stage; Nsight Compute had GEMM 1 at 61% and GEMM 2 at 42% of DRAM peak at T = 1) against
 # 128 on 4: GPT-OSS-120B 0.94 / 0.95 / 1.03 / 1.06 / 1.07 / 1.07 / 1.07x at T = 1 / 2 / 4 / 8 / 16 / 64 / 128, DeepSeek-V3
 # 0.95 / 1.12 / 1.07 / 1.03 / 1.05 / 1.05 / 1.02x; at T = 512 (the 32-row row) 1.04 / 0.98x, not taken; 4 stages or 8 warps

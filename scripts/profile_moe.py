@@ -1,5 +1,5 @@
 """Fused MoE at few tokens, launch by launch: device times (torch.profiler, L2 flushed before each
-call, median of 10) of the default config and variants (stages, warps, split-K, tiles, fused
+call, median of 10) of the default config and variants (stages, warps, split-K, tiles, K step, fused
 quantization) for GPT-OSS-120B and DeepSeek-V3 FP8-block experts (bench_moe's random experts and
 routing), against the dense small-M FP8-block GEMM streaming the same expert bytes as one weight.
 
@@ -21,7 +21,8 @@ from bench_common import read_flush  # noqa: E402
 from bench_moe import MODELS, model_experts, tokens  # noqa: E402  (same experts and batches as the benchmark)
 
 VARIANTS = ({}, {"num_stages": 2}, {"num_stages": 3}, {"num_stages": 6}, {"split_k": 1}, {"num_warps": 2}, {"num_warps": 8},
-            {"block_n1": 32, "block_n2": 32}, {"block_n1": 128, "block_n2": 128}, {"fuse_quant": None}, {"waves": 4}, {"waves": 16})  # fmt: skip
+            {"block_n1": 32, "block_n2": 32}, {"block_n1": 128, "block_n2": 128}, {"fuse_quant": None}, {"waves": 4}, {"waves": 16},
+            {"block_k": 256, "num_stages": 3}, {"block_k": 128, "num_stages": 4})  # fmt: skip
 HBM_BYTES_US = 4.8e6  # bytes per microsecond at 4.8 TB/s
 
 

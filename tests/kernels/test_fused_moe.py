@@ -289,7 +289,7 @@ CASES = [
     ("mxfp8", GPT_OSS, 4, 416, 288, 1, 2, 1.0, MX_DECODE[0][1]),  # auto split-K
     ("fp8-block", SILU, 3, 416, 256, 3, 2, 1.0, MoeConfig(16, 64, 64, waves=64)),
     # FP8-block, 256-column steps (two promoted 128-blocks): a partial last step with one empty sub-block (416, 288), a
-    # K shorter than one step (160, fused quantization), split-K; 11 K-blocks in 6 splits (the reduction's 4 + 2)
+    # K shorter than one step (160, fused quantization), split-K; and 11 K-blocks reduced from 6 splits
     ("fp8-block", GPT_OSS, 4, 416, 288, 2, 2, 1.0, MoeConfig(16, 32, 128, block_k=256)),
     ("fp8-block", GPT_OSS, 3, 160, 96, 1, 2, 20.0, MoeConfig(16, 32, 64, fuse_quant=True, block_k=256)),
     ("fp8-block", SILU, 4, 416, 288, 2, 2, 1.0, MoeConfig(16, 32, 32, block_k=256, split_k=2)),

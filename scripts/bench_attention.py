@@ -6,8 +6,9 @@
 
 Timing, logging and result rows are scripts/bench_common.py's (``Bench``: do_bench median with L2
 flushed before every call, so the KV cache comes from HBM; decode also replayed from a CUDA graph,
-each call after a flush that reads 256 MB and leaves the L2 clean: how decode is served).  Every backend is first checked against the float32 torch
-reference on the benchmark's own inputs (a slice of queries / two sequences; |err| <= 1e-2 + 1e-2 |ref|), then timed:
+each call after a flush that reads 256 MB and leaves the L2 clean: how decode is served).  Every
+backend is first checked against the float32 torch reference on the benchmark's own inputs (a slice
+of queries / two sequences; |err| <= 1e-2 + 1e-2 |ref|), then timed:
 
 * prefill, 8192 tokens in one sequence and a ragged batch of ~8k tokens, window 128 and full:
   Triton (ragged k/v, and the 16-token paged cache), FlashInfer's sink variant (ragged, and its

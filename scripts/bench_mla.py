@@ -6,10 +6,11 @@
 
 Timing, logging and result rows are scripts/bench_common.py's (``Bench``: do_bench median with L2
 flushed before every call, so the latent cache comes from HBM; also replayed from a CUDA graph,
-each call after a flush that reads 256 MB and leaves the L2 clean: how decode is served).  For batch 1..128 x context 1k..16k (combinations whose
-inputs would not fit in half the free device memory are skipped and listed), every backend of ``mla_decode`` is
-first checked against the float32 torch reference on the first and last sequence
-(|err| <= 1e-2 |ref| + 1e-2 max|ref|, plus one bf16 ulp), then timed:
+each call after a flush that reads 256 MB and leaves the L2 clean: how decode is served).  For
+batch 1..128 x context 1k..16k (combinations whose inputs would not fit in half the free device
+memory are skipped and listed), every backend of ``mla_decode`` is first checked against the
+float32 torch reference on the first and last sequence (|err| <= 1e-2 |ref| + 1e-2 max|ref|, plus
+one bf16 ulp), then timed:
 
 * Triton (:mod:`quantkit.kernels.mla_triton`, default launch configuration);
 * FlashInfer's ``BatchMLAPagedAttentionWrapper`` (planned once, ``run`` timed), when

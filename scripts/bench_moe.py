@@ -9,9 +9,9 @@ expert shapes, FP8-block and MXFP8 experts.
 Timers, rows and the log are scripts/bench_common.py's ``Bench`` (shared with bench_kernels.py):
 eager = do_bench median with L2 flushed before every call (the experts come from HBM, as in
 decode); graph = the call replayed from a CUDA graph, each call after a flush that reads 256 MB and
-leaves the L2 clean (how decode is served; rates use it where there is one).  Per (model, format): random E4M3 experts with
-random scales (the speed does not depend on the values), router logits routed by the model's
-rule; then, for each T:
+leaves the L2 clean (how decode is served; rates use it where there is one).  Per (model, format):
+random E4M3 experts with random scales (the speed does not depend on the values), router logits
+routed by the model's rule; then, for each T:
 
 * check: fused_moe vs its reference (per-expert loop on the formats/ dequantizers, same GPU) at
   T = 1, 128, 8192 (elementwise 2**-7 |ref| + 1e-2 max|ref|, relative L2 <= 1e-2), before timing;

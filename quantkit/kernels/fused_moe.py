@@ -287,7 +287,7 @@ def _moe_gemm_kernel(
     GROUP_M: tl.constexpr, HAS_SPLIT: tl.constexpr, DIAG: tl.constexpr,
 ):  # fmt: skip
     """out[slot, :N] for one BLOCK_M block of slots (one expert) and BLOCK_N output columns;
-    program_id(1) picks the split of K (``kb_per_split`` 128-blocks each).  DIAG (MX experts, activations
+    program_id(1) picks the split of K (``kb_per_split`` BLOCK_K-column blocks each).  DIAG (MX experts, activations
     quantized): the transposed block-diagonal product of :func:`_moe_step_diag`."""
     pid_m, pid_n = tile_coords(tl.program_id(0), EM, N, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(npad_ptr):
@@ -409,7 +409,7 @@ def moe_split(cfg: MoeConfig, tiles: int, n_pairs: int, n_out: int, block_n: int
     want = cfg.split_k
     if not want:
         busy = min(tiles // cdiv(n_out, block_n), n_pairs) * cdiv(n_out, block_n)
-        want = max(1, min(cdiv(cfg.waves * WORKSPACE.sm_count(device), max(busy, 1)), n_kb // 2))
+        want = max(1, min(cdiv(cfg.waves * dispatch.sm_count(device), max(busy, 1)), n_kb // 2))
     per = cdiv(n_kb, max(1, min(want, n_kb)))
     return cdiv(n_kb, per), per
 

@@ -37,7 +37,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..formats import mxfp8
 from .fused_moe_ref import ExpertWeights, MoeSpec
-from .gemm_block_scaled import WORKSPACE, tile_coords
+from .dispatch import sm_count
+from .gemm_block_scaled import tile_coords
 from .moe_common import add_bias, moe_activation, moe_mma
 from .moe_routing import Alignment
 from .triton_numerics import bf16_round, cdiv, e8m0_decode, interpreted, times_group_scales
@@ -230,7 +231,7 @@ def sorted_gemm_wgmma(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: 
     bias = w.bias if w.bias is not None else out
     ws = w.scale
     tiles = cdiv(cap, bm) * cdiv(n_out, bn_wg * (2 if split else 1))
-    grid = (min(tiles, WORKSPACE.sm_count(out.device)),)
+    grid = (min(tiles, sm_count(out.device)),)
     gemm_wgmma.kernels().moe_gemm_ws[grid](
         a_desc, w_desc, sa, ws, bias, out, al.sorted_ids, al.expert_ids, al.num_padded, n_slots, cap, n_out, nw, k,
         n_out if halves else 0, spec.alpha, spec.limit, sa.stride(0), ws.stride(0), ws.stride(1), ws.stride(2), bias.stride(0), out.stride(0),

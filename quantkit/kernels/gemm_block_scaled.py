@@ -57,7 +57,7 @@ class Side(NamedTuple):
 
 class Workspace:
     """Scratch memory of split-K launches, per device: float32 partial tiles and int32 arrival
-    counters (and, for the launchers' grids, the device's SM count).
+    counters (grids are sized by :func:`.dispatch.sm_count`).
 
     Counters are zero between launches (the last program of each output tile resets its own), so
     a launch needs no memset and allocates nothing once the buffers are large enough: CUDA-graph
@@ -84,11 +84,6 @@ class Workspace:
         if device.type == "cuda" and device.index is None:
             return ("cuda", torch.cuda.current_device())
         return (device.type, device.index)
-
-    @staticmethod
-    def sm_count(device: torch.device) -> int:
-        """:func:`.dispatch.sm_count` (the launchers size their grids from the workspace they get)."""
-        return sm_count(device)
 
     def _get(self, kind: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         key = (kind, *self._device_key(device))
@@ -370,8 +365,8 @@ def block_scaled_mm(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torc
     scp, scq = (out.stride(1), out.stride(0)) if cfg.swap_ab else (out.stride(0), out.stride(1))
     ws = workspace or WORKSPACE
     tiles, n_kb = cdiv(p, bp) * cdiv(q, bq), cdiv(k, BLOCK_K)
-    split, per = split_plan(cfg.split_k or auto_split(tiles, n_kb, ws.sm_count(out.device)), n_kb)
-    grid = (min(tiles, cfg.persistent * ws.sm_count(out.device)), 1) if cfg.persistent else (tiles, split)
+    split, per = split_plan(cfg.split_k or auto_split(tiles, n_kb, sm_count(out.device)), n_kb)
+    grid = (min(tiles, cfg.persistent * sm_count(out.device)), 1) if cfg.persistent else (tiles, split)
     part, count = (ws.partials(split * tiles * bp * bq, out.device), ws.counters(tiles, out.device)) if split > 1 else (out, out)
     sub_k = min(x.kps, y.kps)
     x_desc, y_desc = (_descriptor(x.q, bp, sub_k), _descriptor(y.q, bq, sub_k)) if cfg.tma else (None, None)

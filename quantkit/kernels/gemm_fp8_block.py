@@ -108,7 +108,7 @@ def run(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtype, cfg
     if isinstance(cfg, SkinnyConfig):
         return skinny_mm(a, w, bias, out_dtype, cfg, workspace)
     if isinstance(cfg, WgmmaConfig):
-        return wgmma_mm(a, w, bias, out_dtype, cfg, workspace, checked)
+        return wgmma_mm(a, w, bias, out_dtype, cfg, checked)
     return block_scaled_mm(a, w, bias, out_dtype, cfg, workspace)
 
 

@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .dispatch import sm_count
 from .gemm_block_scaled import BLOCK_K, WORKSPACE, Side, Workspace, check_side, side_scale, split_plan, split_reduce, upcast_dtype
 from .triton_numerics import cdiv, e8m0_decode, e8m0_decode_lean, next_pow2, times_group_scales
 
@@ -332,7 +333,7 @@ def skinny_mm(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtyp
         return out
     ws = workspace or WORKSPACE
     n_tiles, m_tiles = cdiv(n, cfg.block_n), cdiv(m, bm)
-    split, per = skinny_split(cfg, n_tiles * m_tiles, k, bm, ws.sm_count(out.device))
+    split, per = skinny_split(cfg, n_tiles * m_tiles, k, bm, sm_count(out.device))
     tiles = n_tiles * m_tiles
     words = [diag and scale_words_ok(t) for t in (w, a)]  # words hold 4 scales: kps 32 = SUB_K, G = 4
     part, count = (ws.partials(split * tiles * cfg.block_n * bm, out.device), ws.counters(tiles, out.device)) if split > 1 else (out, out)

@@ -23,8 +23,8 @@ from types import ModuleType
 
 import torch
 
-from .dispatch import Availability, capability
-from .gemm_block_scaled import BLOCK_K, INT32_LIMIT, WORKSPACE, Side, Workspace, check_side, tma_ok
+from .dispatch import Availability, capability, sm_count
+from .gemm_block_scaled import BLOCK_K, INT32_LIMIT, Side, check_side, tma_ok
 from .triton_numerics import cdiv, interpreted
 
 BLOCK_M = 128  # two consumer warpgroups of 64 rows
@@ -112,11 +112,10 @@ def descriptor(t: torch.Tensor, rows: int, cols: int):
 
 
 def wgmma_mm(
-    a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtype, cfg: WgmmaConfig, workspace: Workspace | None = None,
-    checked: bool = False,
+    a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtype, cfg: WgmmaConfig, checked: bool = False,
 ) -> torch.Tensor:
     """[M, K] x [N, K] -> out_dtype [M, N] (+ bias [N]); raises where :func:`why_not` names a rule
-    (``checked``: the caller's table choice has just asked it)."""
+    (``checked``: the caller's table choice has just asked it).  No split-K, so no workspace."""
     m, k = a.q.shape
     n = w.q.shape[0]
     check_side(a, "activation", k)
@@ -131,7 +130,7 @@ def wgmma_mm(
     tma_store = (n * out.element_size()) % 16 == 0  # else masked stores: TMA needs 16-byte aligned output rows
     c_desc = descriptor(out, BLOCK_M // 2, BLOCK_N) if tma_store else None
     tiles = cdiv(m, BLOCK_M) * cdiv(n, BLOCK_N)
-    grid = (min(tiles, (workspace or WORKSPACE).sm_count(out.device)),)
+    grid = (min(tiles, sm_count(out.device)),)
     kernels().fp8_block_gemm_ws[grid](
         descriptor(a.q, BLOCK_M, BLOCK_K), descriptor(w.q, BLOCK_N, BLOCK_K), c_desc, a.s, w.s,
         bias if bias is not None else out, out, m, n, k,

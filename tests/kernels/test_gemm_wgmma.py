@@ -199,7 +199,7 @@ def test_table_choice_asks_the_rules_once(gen, monkeypatch):
 
     asked, launched = [], []
     monkeypatch.setattr(mod, "why_not", lambda a, w, out_dtype: asked.append(1))  # None: as on an H200
-    monkeypatch.setattr(mod, "wgmma_mm", lambda a, w, bias, out_dtype, cfg, workspace=None, checked=False: launched.append(checked) or
+    monkeypatch.setattr(mod, "wgmma_mm", lambda a, w, bias, out_dtype, cfg, checked=False: launched.append(checked) or
                         torch.zeros(a.q.shape[0], w.q.shape[0], dtype=out_dtype))  # fmt: skip
     a, sa = fp8_block.quantize_act(torch.randn(600, 256, generator=gen))
     q, sw = fp8_block.quantize_weight(torch.randn(128, 256, generator=gen))

@@ -52,10 +52,15 @@ ConfigTable = tuple[tuple[int, KernelConfig], ...]
 # 0.68 / 0.66x), 1.01-1.03x over all 14 at M = 1024-8192.  tiled_fallback where it cannot run.
 # Ninth pass (all 14 shapes at M = 1-128, CUDA graphs, clean L2): the wgmma kernel from M = 33, where it
 # beat the small-M kernel on 10 / 11 of 14 shapes at M = 48 / 64 (geomean 0.93 / 0.98x prepared cuBLAS
-# against 0.81 / 0.84x), except by :func:`small_m_prefers_skinny`.
+# against 0.81 / 0.84x), except by :func:`small_m_prefers_skinny`.  Thirteenth pass: split-K at M = 65-128
+# (:func:`.gemm_wgmma.splits`: long K on few tiles -- DeepSeek-V3 o, q_a+kv_a, expert gate_up, Qwen3-235B o
+# -- 2 K runs a tile, 4-13% faster; the other 10 shapes keep one).  At M = 33-64 it tied or lost, at M = 256
+# it lost on 2 of 3 shapes it would split.
 SMALL_M = SkinnyConfig(block_n=64, waves=2, num_warps=4, num_stages=4)
 FP8_BLOCK_CONFIGS: ConfigTable = (
     (32, SMALL_M),
+    (64, WgmmaConfig(stages=5, unroll=4)),
+    (128, WgmmaConfig(stages=5, unroll=4, split_k=0)),
     (INT32_LIMIT, WgmmaConfig(stages=5, unroll=4)),
 )
 SMALL_M_MAX = 64  # the small-M kernel's range: past the table's row where the wgmma kernel starves or cannot run
@@ -108,7 +113,7 @@ def run(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtype, cfg
     if isinstance(cfg, SkinnyConfig):
         return skinny_mm(a, w, bias, out_dtype, cfg, workspace)
     if isinstance(cfg, WgmmaConfig):
-        return wgmma_mm(a, w, bias, out_dtype, cfg, checked)
+        return wgmma_mm(a, w, bias, out_dtype, cfg, checked, workspace)
     return block_scaled_mm(a, w, bias, out_dtype, cfg, workspace)
 
 

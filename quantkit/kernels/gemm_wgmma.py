@@ -24,7 +24,7 @@ from types import ModuleType
 import torch
 
 from .dispatch import Availability, capability, sm_count
-from .gemm_block_scaled import BLOCK_K, INT32_LIMIT, Side, check_side, tma_ok
+from .gemm_block_scaled import BLOCK_K, INT32_LIMIT, WORKSPACE, Side, Workspace, check_side, tma_ok
 from .triton_numerics import cdiv, interpreted
 
 BLOCK_M = 128  # two consumer warpgroups of 64 rows
@@ -40,15 +40,33 @@ class WgmmaConfig:
 
     ``stages``: shared-memory ring depth (32 KiB a stage); ``unroll``: K blocks per group, all
     but the last promotion of a group overlapped with the tensor core; ``regs``: consumer
-    registers per thread."""
+    registers per thread; ``split_k``: K runs per tile (0: :func:`splits` fills the SMs)."""
 
     stages: int = 5
     unroll: int = 4
     group: int = 8
     regs: int = CONSUMER_REGS
+    split_k: int = 1
 
     def name(self) -> str:
-        return f"wgmma128x128/st{self.stages}/u{self.unroll}" + (f"/g{self.group}" if self.group != 8 else "")
+        name = f"wgmma128x128/st{self.stages}/u{self.unroll}" + (f"/g{self.group}" if self.group != 8 else "")
+        return name + ("" if self.split_k == 1 else "/sauto" if self.split_k == 0 else f"/s{self.split_k}")
+
+
+MIN_SPLIT_BLOCKS = 28  # 128-deep K blocks per split at the least (thirteenth pass: shorter splits lost to one per tile)
+
+
+def splits(m: int, n: int, k: int, cfg: WgmmaConfig, sms: int) -> tuple[int, int]:
+    """(K runs per tile, K blocks per run), every run non-empty.  ``split_k`` 0: as many runs as fill
+    the SMs once with work units (tiles x runs <= sms), each of at least MIN_SPLIT_BLOCKS -- so a
+    long K (>= 7168) on few tiles, e.g. DeepSeek-V3 o (7168 x 16384) at M = 65-128: 56 tiles, 2 runs."""
+    n_k = cdiv(k, BLOCK_K)
+    want = cfg.split_k
+    if want == 0:
+        tiles = cdiv(m, BLOCK_M) * cdiv(n, BLOCK_N)
+        want = max(1, min(sms // tiles, n_k // MIN_SPLIT_BLOCKS))
+    kper = cdiv(n_k, max(1, min(want, n_k)))
+    return cdiv(n_k, kper), kper
 
 
 @functools.cache
@@ -113,9 +131,11 @@ def descriptor(t: torch.Tensor, rows: int, cols: int):
 
 def wgmma_mm(
     a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtype, cfg: WgmmaConfig, checked: bool = False,
+    workspace: Workspace | None = None,
 ) -> torch.Tensor:
     """[M, K] x [N, K] -> out_dtype [M, N] (+ bias [N]); raises where :func:`why_not` names a rule
-    (``checked``: the caller's table choice has just asked it).  No split-K, so no workspace."""
+    (``checked``: the caller's table choice has just asked it).  Split-K partials and arrival
+    counters come from ``workspace`` (default :data:`.gemm_block_scaled.WORKSPACE`)."""
     m, k = a.q.shape
     n = w.q.shape[0]
     check_side(a, "activation", k)
@@ -130,12 +150,19 @@ def wgmma_mm(
     tma_store = (n * out.element_size()) % 16 == 0  # else masked stores: TMA needs 16-byte aligned output rows
     c_desc = descriptor(out, BLOCK_M // 2, BLOCK_N) if tma_store else None
     tiles = cdiv(m, BLOCK_M) * cdiv(n, BLOCK_N)
-    grid = (min(tiles, sm_count(out.device)),)
+    sms = sm_count(out.device)
+    n_split, kper = splits(m, n, k, cfg, sms)
+    part = count = out
+    if n_split > 1:  # [n_split, tiles, 2 halves, 64 x 128] float32 partials, one counter per half tile
+        ws = workspace or WORKSPACE
+        part = ws.partials(n_split * tiles * BLOCK_M * BLOCK_N, out.device)
+        count = ws.counters(tiles * 2, out.device)
+    grid = (min(tiles * n_split, sms),)
     kernels().fp8_block_gemm_ws[grid](
         descriptor(a.q, BLOCK_M, BLOCK_K), descriptor(w.q, BLOCK_N, BLOCK_K), c_desc, a.s, w.s,
-        bias if bias is not None else out, out, m, n, k,
-        a.s.stride(0), a.s.stride(1), w.s.stride(0), w.s.stride(1), out.stride(0),
+        bias if bias is not None else out, out, part, count, m, n, k,
+        a.s.stride(0), a.s.stride(1), w.s.stride(0), w.s.stride(1), out.stride(0), n_split, kper,
         BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K, STAGES=cfg.stages, UNROLL=cfg.unroll, GROUP=cfg.group,
-        REGS=cfg.regs, LOADER_REGS=LOADER_REGS, HAS_BIAS=bias is not None, TMA_STORE=tma_store, num_warps=4,
+        REGS=cfg.regs, LOADER_REGS=LOADER_REGS, HAS_BIAS=bias is not None, TMA_STORE=tma_store, SPLIT_K=n_split > 1, num_warps=4,
     )  # fmt: skip
     return out

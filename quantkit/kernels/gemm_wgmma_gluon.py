@@ -31,6 +31,7 @@ BK_SCALE: gl.constexpr = gl.constexpr(128)  # columns (and weight rows) per scal
 # Triton after 3.6 renamed the TMA copies (the old names raise)
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed after 3.6 too
 
 
 @gluon.jit
@@ -132,6 +133,16 @@ def _k_loop(a_smem, w_smem, ready, empty, acc_g, acc_u, zero, c, n_k, kmax, kcol
 
 
 @gluon.jit
+def _unit(t, n_m, n_n, n_k, SPLITS, KPER, GROUP: gl.constexpr):
+    """Work unit t: (tile, pm, pn, first K block, K blocks), split ``t % SPLITS`` of tile ``t // SPLITS`` (consecutive
+    programs take the splits of one tile)."""
+    tile = t // SPLITS
+    pm, pn = _tile(tile, n_m, n_n, GROUP)
+    kb0 = (t % SPLITS) * KPER
+    return tile, pm, pn, kb0, gl.minimum(n_k - kb0, KPER)
+
+
+@gluon.jit
 def _loader(
     a_desc,
     w_desc,
@@ -142,6 +153,8 @@ def _loader(
     M,
     N,
     n_k,
+    SPLITS,
+    KPER,
     BM: gl.constexpr,
     BN: gl.constexpr,
     BK: gl.constexpr,
@@ -152,15 +165,58 @@ def _loader(
     n_n = gl.cdiv(N, BN)
     nbytes: gl.constexpr = (BM + BN) * BK
     c = 0
-    for t in range(gl.program_id(0), n_m * n_n, gl.num_programs(0)):
-        pm, pn = _tile(t, n_m, n_n, GROUP)
-        for k in range(n_k):
+    for t in range(gl.program_id(0), n_m * n_n * SPLITS, gl.num_programs(0)):
+        _, pm, pn, kb0, nb = _unit(t, n_m, n_n, n_k, SPLITS, KPER, GROUP)
+        for k in range(kb0, kb0 + nb):
             s = c % STAGES
             mbarrier.wait(empty.index(s), ((c // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
             mbarrier.expect(ready.index(s), nbytes)
             _tma_load(a_desc, [pm * BM, k * BK], ready.index(s), a_smem.index(s))
             _tma_load(w_desc, [pn * BN, k * BK], ready.index(s), w_smem.index(s))
             c += 1
+
+
+@gluon.jit
+def _split_reduce(acc, part_ptr, count_ptr, slot, n_slots, split, SPLITS):
+    """Deterministic split-K across programs (CUTLASS's semaphore pattern, as
+    :func:`.gemm_block_scaled.split_reduce_pair`): store this split's half-tile partial at part[split, slot], and the last
+    of the SPLITS programs to arrive at ``slot`` (an acq_rel counter) sums all partials in split order and zeroes the
+    counter for the next launch.  Returns (is_last, sum)."""
+    lay: gl.constexpr = acc.type.layout
+    HM: gl.constexpr = acc.shape[0]
+    BN: gl.constexpr = acc.shape[1]
+    loc = gl.arange(0, HM, layout=gl.SliceLayout(1, lay))[:, None] * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, lay))[None, :]
+    base = part_ptr + slot.to(gl.int64) * (HM * BN)
+    stride = n_slots.to(gl.int64) * (HM * BN)
+    gl.store(base + split * stride + loc, acc)
+    _barrier()  # every thread's partial is written before the counter is released
+    arrived = gl.atomic_add(count_ptr + slot, 1, sem="acq_rel")
+    last = arrived == SPLITS - 1
+    total = gl.zeros([HM, BN], gl.float32, lay)
+    if last:
+        for s in range(0, SPLITS):
+            total += gl.load(base + s * stride + loc, cache_modifier=".cg")
+        gl.store(count_ptr + slot, 0)
+    return last, total
+
+
+@gluon.jit
+def _store_tile(acc, bias_ptr, c_ptr, c_desc, c_smem, M, N, scm, row0, pn, HM: gl.constexpr, BN: gl.constexpr, HAS_BIAS: gl.constexpr,
+                TMA_STORE: gl.constexpr):  # fmt: skip
+    """Bias, then one warpgroup's [HM, BN] half tile to the output: TMA store through shared memory, or masked stores."""
+    lay: gl.constexpr = acc.type.layout
+    cols = pn * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, lay))
+    if HAS_BIAS:
+        acc += gl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
+    if TMA_STORE:
+        tma.store_wait(0)  # this warpgroup's previous tile has left shared memory
+        c_smem.store(acc.to(c_desc.dtype))
+        fence_async_shared()
+        _tma_store(c_desc, [row0, pn * BN], c_smem)
+    else:
+        offs_m = row0 + gl.arange(0, HM, layout=gl.SliceLayout(1, lay))
+        mask = (offs_m < M)[:, None] & (cols < N)[None, :]
+        gl.store(c_ptr + offs_m[:, None] * scm + cols[None, :], acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @gluon.jit
@@ -175,6 +231,8 @@ def _consumer(
     c_ptr,
     c_desc,
     c_smem,
+    part_ptr,
+    count_ptr,
     M,
     N,
     K,
@@ -184,6 +242,8 @@ def _consumer(
     swsk,
     scm,
     n_k,
+    SPLITS,
+    KPER,
     HALF: gl.constexpr,
     BM: gl.constexpr,
     BN: gl.constexpr,
@@ -192,6 +252,7 @@ def _consumer(
     GROUP: gl.constexpr,
     HAS_BIAS: gl.constexpr,
     TMA_STORE: gl.constexpr,
+    SPLIT_K: gl.constexpr,
 ):
     HM: gl.constexpr = BM // 2
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
@@ -201,28 +262,22 @@ def _consumer(
     n_n = gl.cdiv(N, BN)
     zero = gl.zeros([HM, BN], gl.float32, mma)
     kcol = gl.arange(0, UNROLL, layout=col_l)
-    kmax = gl.cdiv(K, BK_SCALE) - 1
     c = 0
-    for t in range(gl.program_id(0), n_m * n_n, gl.num_programs(0)):
-        pm, pn = _tile(t, n_m, n_n, GROUP)
+    for t in range(gl.program_id(0), n_m * n_n * SPLITS, gl.num_programs(0)):
+        tile, pm, pn, kb0, nb = _unit(t, n_m, n_n, n_k, SPLITS, KPER, GROUP)
         row0 = pm * BM + HALF * HM
-        a_sc = as_ptr + gl.minimum(row0 + gl.arange(0, HM, layout=row_l), M - 1) * sasm
-        w_sc = ws_ptr + ((pn * BN) // BK_SCALE) * swsn  # BN == 128: one weight scale per K block
+        a_sc = as_ptr + gl.minimum(row0 + gl.arange(0, HM, layout=row_l), M - 1) * sasm + kb0 * sask
+        w_sc = ws_ptr + ((pn * BN) // BK_SCALE) * swsn + kb0 * swsk  # BN == 128: one weight scale per K block
         acc = gl.zeros([HM, BN], gl.float32, mma)
-        acc, _, c = _k_loop(a_smem, w_smem, ready, empty, acc, acc, zero, c, n_k, kmax, kcol, a_sc, sask, w_sc, w_sc, swsk,
+        acc, _, c = _k_loop(a_smem, w_smem, ready, empty, acc, acc, zero, c, nb, nb - 1, kcol, a_sc, sask, w_sc, w_sc, swsk,
                             HALF, HM, STAGES, UNROLL, False, False)  # fmt: skip
-        cols = pn * BN + gl.arange(0, BN, layout=col_l)
-        if HAS_BIAS:
-            acc += gl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
-        if TMA_STORE:
-            tma.store_wait(0)  # this warpgroup's previous tile has left shared memory
-            c_smem.store(acc.to(c_desc.dtype))
-            fence_async_shared()
-            _tma_store(c_desc, [row0, pn * BN], c_smem)
+        if SPLIT_K:
+            if row0 < M:  # a half tile wholly past M has nothing to add (its counter is never touched)
+                last, total = _split_reduce(acc, part_ptr, count_ptr, tile * 2 + HALF, n_m * n_n * 2, t % SPLITS, SPLITS)
+                if last:
+                    _store_tile(total, bias_ptr, c_ptr, c_desc, c_smem, M, N, scm, row0, pn, HM, BN, HAS_BIAS, TMA_STORE)
         else:
-            offs_m = row0 + gl.arange(0, HM, layout=row_l)
-            mask = (offs_m < M)[:, None] & (cols < N)[None, :]
-            gl.store(c_ptr + offs_m[:, None] * scm + cols[None, :], acc.to(c_ptr.dtype.element_ty), mask=mask)
+            _store_tile(acc, bias_ptr, c_ptr, c_desc, c_smem, M, N, scm, row0, pn, HM, BN, HAS_BIAS, TMA_STORE)
     if TMA_STORE:
         tma.store_wait(0)
 
@@ -236,6 +291,8 @@ def fp8_block_gemm_ws(
     ws_ptr,
     bias_ptr,
     c_ptr,
+    part_ptr,
+    count_ptr,
     M,
     N,
     K,
@@ -244,6 +301,8 @@ def fp8_block_gemm_ws(
     swsn,
     swsk,
     scm,
+    SPLITS,
+    KPER,
     BM: gl.constexpr,
     BN: gl.constexpr,
     BK: gl.constexpr,
@@ -254,7 +313,10 @@ def fp8_block_gemm_ws(
     LOADER_REGS: gl.constexpr,
     HAS_BIAS: gl.constexpr,
     TMA_STORE: gl.constexpr,
+    SPLIT_K: gl.constexpr,
 ):
+    """SPLIT_K: each 128x128 tile's K blocks are cut into SPLITS runs of KPER (the last may be shorter, none empty), one
+    work unit each, reduced through ``part_ptr`` / ``count_ptr`` (:func:`_split_reduce`); else SPLITS must be 1."""
     a_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, BK], a_desc.layout)
     w_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, BK], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -271,11 +333,11 @@ def fp8_block_gemm_ws(
         c1 = a_smem
     n_k = gl.cdiv(K, BK)
     gl.warp_specialize([
-        (_consumer, (a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, c_ptr, c_desc, c0, M, N, K, sasm, sask, swsn, swsk,
-                     scm, n_k, 0, BM, BN, STAGES, UNROLL, GROUP, HAS_BIAS, TMA_STORE)),
-        (_consumer, (a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, c_ptr, c_desc, c1, M, N, K, sasm, sask, swsn, swsk,
-                     scm, n_k, 1, BM, BN, STAGES, UNROLL, GROUP, HAS_BIAS, TMA_STORE)),
-        (_loader, (a_desc, w_desc, a_smem, w_smem, ready, empty, M, N, n_k, BM, BN, BK, STAGES, GROUP)),
+        (_consumer, (a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, c_ptr, c_desc, c0, part_ptr, count_ptr, M, N, K, sasm,
+                     sask, swsn, swsk, scm, n_k, SPLITS, KPER, 0, BM, BN, STAGES, UNROLL, GROUP, HAS_BIAS, TMA_STORE, SPLIT_K)),
+        (_consumer, (a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, c_ptr, c_desc, c1, part_ptr, count_ptr, M, N, K, sasm,
+                     sask, swsn, swsk, scm, n_k, SPLITS, KPER, 1, BM, BN, STAGES, UNROLL, GROUP, HAS_BIAS, TMA_STORE, SPLIT_K)),
+        (_loader, (a_desc, w_desc, a_smem, w_smem, ready, empty, M, N, n_k, SPLITS, KPER, BM, BN, BK, STAGES, GROUP)),
     ], [4, 1], [REGS, LOADER_REGS])  # fmt: skip
 
 

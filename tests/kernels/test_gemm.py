@@ -29,6 +29,7 @@ from quantkit.kernels.gemm_fp8_block import FP8_BLOCK_CONFIGS, pick_config
 from quantkit.kernels.gemm_mxfp8 import MXFP8_CONFIGS, W128_CONFIGS, by_shape_choice_mx, mx_to_bf16, requant_weight_128
 from quantkit.kernels.gemm_skinny import SkinnyConfig, block_m_for, scale_words_ok, skinny_split
 from quantkit.kernels.gemm_wgmma import WgmmaConfig
+from quantkit.kernels.gemm_wgmma import splits as wgmma_splits
 from quantkit.kernels.scaled_mm import gemm_fp8_block_ref, gemm_mxfp8_ref, gemm_mxfp8_w128_ref
 
 HAS_CUDA = torch.cuda.is_available()
@@ -300,6 +301,15 @@ def test_config_tables_and_split_rules():
     assert isinstance(pick_config(MXFP8_CONFIGS, 64), SkinnyConfig) and isinstance(pick_config(W128_CONFIGS, 64), SkinnyConfig)
     assert isinstance(pick_config(MXFP8_CONFIGS, 65), Config) and isinstance(pick_config(W128_CONFIGS, 65), Config)
     assert isinstance(pick_config(FP8_BLOCK_CONFIGS, 65), WgmmaConfig)
+    assert [pick_config(FP8_BLOCK_CONFIGS, m).split_k for m in (33, 64, 65, 128, 129, 8192)] == [1, 1, 0, 0, 1, 1], "split-K at M = 65-128 only"
+    # DeepSeek-V3 o at M = 128: 56 tiles, 128 K-blocks -> 2 runs of 64; q_a+kv_a (17 tiles, 56 blocks) -> 2 of 28
+    assert wgmma_splits(128, 7168, 16384, WgmmaConfig(split_k=0), 132) == (2, 64)
+    assert wgmma_splits(100, 2112, 7168, WgmmaConfig(split_k=0), 132) == (2, 28)
+    assert wgmma_splits(128, 5120, 2880, WgmmaConfig(split_k=0), 132) == (1, 23), "23 K-blocks: too short to split"
+    assert wgmma_splits(256, 7168, 16384, WgmmaConfig(split_k=0), 132) == (1, 128), "112 tiles: one run each fills the SMs"
+    assert wgmma_splits(64, 2880, 2880, WgmmaConfig(split_k=3), 132) == (3, 8), "explicit: 8 + 8 + 7 blocks"
+    assert wgmma_splits(64, 2880, 2880, WgmmaConfig(split_k=30), 132) == (23, 1), "never an empty run"
+    assert wgmma_splits(64, 2880, 2880, WgmmaConfig(split_k=9), 132) == (8, 3), "9 wanted: runs of 3 blocks leave 8"
     assert pick_config(MXFP8_CONFIGS, 8192).block_n == pick_config(W128_CONFIGS, 8192).block_n == 128
     with pytest.raises(ValueError, match="no GEMM configuration"):
         pick_config(FP8_BLOCK_CONFIGS, 2**31 + 1)
@@ -333,6 +343,7 @@ def gpu_configs(m: int) -> list:
             Config(64, 128, num_stages=4), Config(128, 128, num_warps=8, num_stages=4), Config(64, 128, split_k=0)]  # fmt: skip
     cfgs += [replace(c, tma=True) for c in cfgs if isinstance(c, Config)] + [Config(64, 128, tma=True, persistent=2)]
     cfgs += [WgmmaConfig(), WgmmaConfig(stages=4, unroll=2), WgmmaConfig(unroll=1)]  # any M: one tile's rows or many
+    cfgs += [WgmmaConfig(split_k=3), WgmmaConfig(split_k=0), WgmmaConfig(unroll=1, split_k=2)]  # split-K, a partial last run
     if m <= 16:
         cfgs += [SkinnyConfig(dot=False, chunk=32, block_n=32), SkinnyConfig(dot=False, chunk=64, block_m=1 if m == 1 else 0)]
     return cfgs
@@ -389,7 +400,8 @@ def test_gpu_mxfp8_small_m_variants(gen, m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("m,cfg", [(4, SkinnyConfig(split_k=4)), (64, SkinnyConfig()), (300, Config(64, 128, split_k=3)), (1100, Config(64, 128, tma=True)), (1100, WgmmaConfig())])
+@pytest.mark.parametrize("m,cfg", [(4, SkinnyConfig(split_k=4)), (64, SkinnyConfig()), (300, Config(64, 128, split_k=3)), (1100, Config(64, 128, tma=True)), (1100, WgmmaConfig()),
+                                   (100, WgmmaConfig(split_k=3)), (300, WgmmaConfig(split_k=2))])  # fmt: skip
 def test_gpu_cuda_graph_replays_match_eager(gen, m, cfg):
     """Captured once, replayed on new inputs: the same bits as eager launches, counters back at zero."""
     n, k = 2112, 2880

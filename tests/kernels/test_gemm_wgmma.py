@@ -75,6 +75,7 @@ def test_explicit_config_raises_with_the_rule(gen):
 def test_config_names():
     assert WgmmaConfig().name() == "wgmma128x128/st5/u4"
     assert WgmmaConfig(stages=4, unroll=2, group=16).name() == "wgmma128x128/st4/u2/g16"
+    assert WgmmaConfig(split_k=0).name() == "wgmma128x128/st5/u4/sauto" and WgmmaConfig(split_k=2).name() == "wgmma128x128/st5/u4/s2"
 
 
 # Run in a fresh interpreter: this session's Triton may be in interpreter mode (conftest.py), in
@@ -132,19 +133,20 @@ def _assert_pipelined(ptx: str, facts: dict, report: str) -> None:
 
 
 @pytest.mark.skipif(gluon_missing() is not None, reason="the installed Triton has no Gluon Hopper API")
-@pytest.mark.parametrize("tma_store,bias", [(True, True), (False, False)])
-def test_sm90_build_overlaps_the_promotion_without_serialising(tmp_path, tma_store, bias):
+@pytest.mark.parametrize("tma_store,bias,split_k", [(True, True, False), (False, False, False), (True, False, True), (False, True, True)])
+def test_sm90_build_overlaps_the_promotion_without_serialising(tmp_path, tma_store, bias, split_k):
     cfg = WgmmaConfig()
     consts = {"BM": 128, "BN": 128, "BK": 128, "STAGES": cfg.stages, "UNROLL": cfg.unroll, "GROUP": cfg.group, "REGS": cfg.regs,
-              "LOADER_REGS": LOADER_REGS, "HAS_BIAS": bias, "TMA_STORE": tma_store}  # fmt: skip
+              "LOADER_REGS": LOADER_REGS, "HAS_BIAS": bias, "TMA_STORE": tma_store, "SPLIT_K": split_k}  # fmt: skip
     if not tma_store:
         consts["c_desc"] = None
-    types = {"as_ptr": "*fp32", "ws_ptr": "*fp32", "bias_ptr": "*bf16", "c_ptr": "*bf16", "a_desc": ["fp8e4nv", 128, 128],
-             "w_desc": ["fp8e4nv", 128, 128], "c_desc": ["bf16", 64, 128]}  # fmt: skip
+    types = {"as_ptr": "*fp32", "ws_ptr": "*fp32", "bias_ptr": "*bf16", "c_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32",
+             "a_desc": ["fp8e4nv", 128, 128], "w_desc": ["fp8e4nv", 128, 128], "c_desc": ["bf16", 64, 128]}  # fmt: skip
     ptx, facts, report = _build_sm90(tmp_path, "fp8_block_gemm_ws", consts, types)
     _assert_pipelined(ptx, facts, report)
     assert ptx.count("wgmma.mma_async") >= 4 * 4, "UNROLL=4 groups of 128-deep blocks, 4 k32 wgmma each"
     assert ("cp.async.bulk.tensor.2d.global.shared" in ptx) == tma_store, "TMA-store epilogue exactly when asked"
+    assert bool(re.search(r"atom\.global\.(gpu\.)?acq_rel\.add", ptx)) == split_k, "split-K arrives on an acq_rel counter"
 
 
 @pytest.mark.skipif(gluon_missing() is not None, reason="the installed Triton has no Gluon Hopper API")
@@ -199,7 +201,7 @@ def test_table_choice_asks_the_rules_once(gen, monkeypatch):
 
     asked, launched = [], []
     monkeypatch.setattr(mod, "why_not", lambda a, w, out_dtype: asked.append(1))  # None: as on an H200
-    monkeypatch.setattr(mod, "wgmma_mm", lambda a, w, bias, out_dtype, cfg, checked=False: launched.append(checked) or
+    monkeypatch.setattr(mod, "wgmma_mm", lambda a, w, bias, out_dtype, cfg, checked=False, workspace=None: launched.append(checked) or
                         torch.zeros(a.q.shape[0], w.q.shape[0], dtype=out_dtype))  # fmt: skip
     a, sa = fp8_block.quantize_act(torch.randn(600, 256, generator=gen))
     q, sw = fp8_block.quantize_weight(torch.randn(128, 256, generator=gen))

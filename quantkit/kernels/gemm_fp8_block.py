@@ -12,7 +12,7 @@ The kernel and its launch come from a table by M (:data:`FP8_BLOCK_CONFIGS`, mea
   and at M = 33-64 where the wgmma kernel would have few tiles on a long K (:func:`small_m_prefers_skinny`)
   or cannot run;
 * larger M: :mod:`.gemm_wgmma` on sm_90 (warp-specialised Gluon kernel, persistent 128x128
-  tiles) where :func:`.gemm_wgmma.why_not` allows; elsewhere :mod:`.gemm_block_scaled`
+  tiles; split-K at M = 65-128 where K is long and tiles few) where :func:`.gemm_wgmma.why_not` allows; elsewhere :mod:`.gemm_block_scaled`
   (:func:`tiled_fallback`: grouped order, 64x128 tiles on one warpgroup up to M = 512, then
   128x128 on two with TMA loads when rows are 16-byte aligned, else pointer loads -- the table's
   rules; an explicit ``config`` the operands cannot take raises instead).
@@ -54,8 +54,10 @@ ConfigTable = tuple[tuple[int, KernelConfig], ...]
 # beat the small-M kernel on 10 / 11 of 14 shapes at M = 48 / 64 (geomean 0.93 / 0.98x prepared cuBLAS
 # against 0.81 / 0.84x), except by :func:`small_m_prefers_skinny`.  Thirteenth pass: split-K at M = 65-128
 # (:func:`.gemm_wgmma.splits`: long K on few tiles -- DeepSeek-V3 o, q_a+kv_a, expert gate_up, Qwen3-235B o
-# -- 2 K runs a tile, 4-13% faster; the other 10 shapes keep one).  At M = 33-64 it tied or lost, at M = 256
-# it lost on 2 of 3 shapes it would split.
+# -- 2 K runs a tile; the other 10 shapes keep one).  Graph-timed on all 14 shapes: geomean cuBLAS / ours
+# 0.94 / 0.98 / 1.00 / 1.01 at M = 65 / 80 / 96 / 128, before 0.94 / 0.96 / 0.98 / 0.98; at M = 96-128 the four
+# split shapes run 2-11% faster, at M = 65-80 DeepSeek-V3 o 4-7% slower (the others 1% slower to 11% faster).
+# At M = 33-64 splitting tied or lost; at M = 256 it lost on 2 of the 3 shapes it would split.
 SMALL_M = SkinnyConfig(block_n=64, waves=2, num_warps=4, num_stages=4)
 FP8_BLOCK_CONFIGS: ConfigTable = (
     (32, SMALL_M),

@@ -6,7 +6,8 @@ rule), built the way DeepGEMM builds it: a TMA warp feeding two 64-row consumer 
 hide each block's promotion behind the tensor core's work on the next one
 (:mod:`.gemm_wgmma_gluon` has the kernels and their ordering rules).  Triton's ``tl.dot`` loop
 cannot: it waits for every dot before promoting it, which held the tiled kernel near 0.73x
-cuBLAS (docs/benchmarks.md, "Seventh pass").
+cuBLAS (docs/benchmarks.md, "Seventh pass").  Split-K (``split_k``, sized by :func:`splits`)
+reduces deterministically through a :class:`.gemm_block_scaled.Workspace`.
 
 It runs where :func:`why_not` returns None: compiled NVIDIA sm_90 with a Triton that has Gluon's
 Hopper API (measured on Triton 3.6), 1x128 / 128x128 F32 scales, E4M3 rows 16-byte aligned

@@ -13,6 +13,10 @@ One program per SM loops over 128x128 output tiles in grouped order, split three
 * each consumer writes its half tile through shared memory with a TMA store (out-of-range rows
   and columns are clipped), or with masked stores where TMA cannot take the output.
 
+With SPLIT_K each tile's K blocks are cut into SPLITS runs, one work unit each: a consumer stores
+its float32 half-tile partial and the last of the tile's runs to arrive sums them in run order
+(:func:`_split_reduce`) -- for few tiles on a long K, where one run per tile leaves SMs idle.
+
 The promotion of block k runs on the CUDA cores while the tensor core works on block k + 1:
 blocks are issued in groups of UNROLL, each ``wgmma_wait(1)`` retiring the older one.  Nothing
 is left in flight across a loop's back edge: a loop-carried ``wgmma`` result makes ptxas

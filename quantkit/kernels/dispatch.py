@@ -20,7 +20,7 @@ The registry (:data:`REGISTRY`) is the only module-level state.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -201,12 +201,17 @@ class Dispatcher:
     per_op: dict[str, str] = field(default_factory=dict)
     registry: Registry = REGISTRY
     ran: dict[str, str] = field(default_factory=dict)  # op -> backend of its last call
+    state: dict[Hashable, Any] = field(default_factory=dict)  # backends' long-lived objects (a FlashInfer wrapper), shared by its callers
+
+    def want(self, op: str) -> str:
+        """The backend requested for ``op`` (``per_op``, else the default)."""
+        return self.per_op.get(op, self.backend)
 
     def which(self, op: str, device: torch.device | str) -> str:
-        return self.registry.resolve(op, device, self.per_op.get(op, self.backend)).name
+        return self.registry.resolve(op, device, self.want(op)).name
 
     def call(self, op: str, *args: Any, backend: str | None = None, **kwargs: Any) -> Any:
-        want = backend or self.per_op.get(op, self.backend)
+        want = backend or self.want(op)
         b = self.registry.resolve(op, device_of(args, kwargs), want)
         self.ran[op] = b.name
         return b.fn(*args, **kwargs)

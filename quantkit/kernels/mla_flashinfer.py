@@ -11,13 +11,17 @@ per sequence), the head count and dims, page_size, causal, sm_scale (the MLA sof
 ours), q and kv dtypes.  Its kernels are compiled for DeepSeek's dims (rank 512, rope 64);
 ``backend`` "fa2" or "fa3" (Hopper), "auto" lets FlashInfer choose.
 
-:class:`MLADecode` plans once per batch layout and runs per layer (the serving path).  The
-registered op function builds and plans one per call (plan copies indices to the host), so
-``backend="auto"`` never picks it; ask for ``backend="flashinfer"`` explicitly.
+:class:`MLADecode` plans once per batch layout and runs per layer: the engine's MLA layers
+(:mod:`quantkit.engine.layers.mla`) share one through their dispatcher and re-plan it when a new
+step's batch arrives (:meth:`MLADecode.plan_for`), wherever :func:`step_plan_ok` allows, under
+``backend="auto"`` or ``"flashinfer"``.  The registered op
+function builds and plans one per call (plan copies indices to the host), so the dispatcher's
+``auto`` never picks it; ask for ``backend="flashinfer"`` explicitly.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -39,6 +43,7 @@ class MLADecode:
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         self._wrapper: Any = BatchMLAPagedAttentionWrapper(self.workspace, backend=backend)
         self._block_size = 0
+        self._owner: weakref.ref | None = None  # what the last plan_for planned for
 
     def plan(self, block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> None:
         """One query per sequence over its ``context_lens[b]`` keys in the paged cache."""
@@ -47,6 +52,15 @@ class MLADecode:
         self._wrapper.plan(qo_indptr, indptr, indices, context_lens.to(torch.int32), self.heads, self.rank, self.rope,
                            block_size, False, self.scale, self.dtype, self.dtype)
         self._block_size = block_size
+        self._owner = None
+
+    def plan_for(self, owner: object, block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> None:
+        """:meth:`plan` unless the last plan was made for this same ``owner`` (one forward step's batch:
+        every layer of the step runs on one plan; a different or a new batch re-plans)."""
+        if self._owner is not None and self._owner() is owner:
+            return
+        self.plan(block_tables, context_lens, block_size)
+        self._owner = weakref.ref(owner)
 
     def run(self, q_lat: torch.Tensor, q_rot: torch.Tensor, kv: torch.Tensor, k_rot: torch.Tensor) -> torch.Tensor:
         """q_lat [B, H, rank], q_rot [B, H, rope], caches [slots, rank|rope] as planned -> [B, H, rank]."""
@@ -56,6 +70,22 @@ class MLADecode:
         ckv = kv.view(kv.shape[0] // bs, bs, kv.shape[1])  # [pages, page_size, rank]
         kpe = k_rot.view(k_rot.shape[0] // bs, bs, k_rot.shape[1])
         return self._wrapper.run(q_lat.contiguous(), q_rot.contiguous(), ckv, kpe)
+
+
+STEP_DIMS = (512, 64)  # (rank, rope) FlashInfer 0.5's MLA kernels are built for (DeepSeek-V2/V3's)
+STEP_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def step_plan_ok(q_lat: torch.Tensor, q_rot: torch.Tensor) -> str | None:
+    """None when a per-step :class:`MLADecode` can serve these queries (CUDA, FlashInfer installed,
+    DeepSeek's latent dims, a 16-bit dtype), else why not."""
+    if q_lat.device.type != "cuda":
+        return f"FlashInfer runs on CUDA devices, got {q_lat.device.type}"
+    if (q_lat.shape[-1], q_rot.shape[-1]) != STEP_DIMS:
+        return f"FlashInfer's MLA kernels take rank {STEP_DIMS[0]} and rope {STEP_DIMS[1]}, got {q_lat.shape[-1]} and {q_rot.shape[-1]}"
+    if q_lat.dtype not in STEP_DTYPES:
+        return f"FlashInfer MLA runs in bf16 / fp16, got {q_lat.dtype}"
+    return missing()
 
 
 def mla_decode(q_lat, q_rot, kv, k_rot, block_tables, context_lens, block_size, scale) -> torch.Tensor:

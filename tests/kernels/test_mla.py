@@ -18,6 +18,8 @@ import torch
 from quantkit.kernels import dispatch
 from quantkit.kernels import mla as ref_ops
 from quantkit.kernels.attention import paged_rows
+from quantkit.kernels.dispatch import Dispatcher
+from quantkit.kernels.mla_flashinfer import MLADecode
 
 from .test_attention import GPU_TOL, TOL, assert_close, tol
 
@@ -234,6 +236,82 @@ def test_engine_layer_decodes_through_the_op(fp8):
     assert torch.equal(torch.cat((w_uk, w_uv), dim=1).flatten(0, 1), layer.kv_b_proj.weight.dequant())
 
 
+class _FakeStepMLA(MLADecode):
+    """Stands in for FlashInfer's wrapper on the CPU (the real re-plan rule, ``plan_for``): counts plans and
+    runs, attends with the reference."""
+
+    made: list[_FakeStepMLA] = []
+
+    def __init__(self, device, dtype, num_heads, rank, rope, *, scale, backend="auto"):
+        self.scale, self.plans, self.runs, self._owner, self._planned = scale, 0, 0, None, None
+        _FakeStepMLA.made.append(self)
+
+    def plan(self, block_tables, context_lens, block_size):
+        self.plans += 1
+        self._planned, self._owner = (block_tables.clone(), context_lens.clone(), block_size), None
+
+    def run(self, q_lat, q_rot, kv, k_rot):
+        self.runs += 1
+        return ref_ops.mla_decode(q_lat, q_rot, kv, k_rot, *self._planned, self.scale)
+
+
+def _two_layer_decode(per_op: dict, monkeypatch=None, device="cpu", dtype=torch.float32, lens=(5, 5), **dims) -> tuple[list[torch.Tensor], Dispatcher]:
+    """Two MLA layers sharing one dispatcher: a prefill of two sequences, then 3 decode steps.  With
+    ``monkeypatch``, :class:`_FakeStepMLA` stands in for FlashInfer's wrapper (which may then serve)."""
+    from quantkit.engine import KVCache
+    from quantkit.kernels import mla_flashinfer
+
+    if monkeypatch is not None:
+        monkeypatch.setattr(mla_flashinfer, "step_plan_ok", lambda q_lat, q_rot: None)  # as with FlashInfer on a GPU
+        monkeypatch.setattr(mla_flashinfer, "MLADecode", _FakeStepMLA)
+        _FakeStepMLA.made = []
+    ops = Dispatcher(per_op=per_op)
+    layers = [_mla_layer(False, **dims).to(device, dtype), _mla_layer(False, **dims).to(device, dtype)]
+    layers[1].layer = 1
+    for layer in layers:
+        layer.ops = ops
+    hidden = dims.get("hidden", 48)
+    x = torch.randn(sum(lens) + 6, hidden, generator=torch.Generator().manual_seed(5)).to(device, dtype)
+    cache = KVCache([layers[0].cache_spec()] * 2, num_blocks=-(-max(lens) // 4) * 2 + 8, block_size=4, dtype=dtype, device=device)
+    outs = []
+    with torch.no_grad():
+        step = cache.schedule({"a": lens[0], "b": lens[1]})
+        h = x[: sum(lens)]
+        for layer in layers:
+            h = layer(h, step, cache)
+        for i in range(3):
+            step = cache.schedule({"a": 1, "b": 1})
+            h = x[sum(lens) + 2 * i: sum(lens) + 2 * i + 2]
+            for layer in layers:
+                h = layer(h, step, cache)
+            outs.append(h)
+    return outs, ops
+
+
+def test_engine_decode_plans_flashinfer_once_per_step(monkeypatch):
+    """Under backend auto, where FlashInfer can serve: one wrapper for the model's layers, planned once per
+    decode step (not per layer, not per call), and the steps equal the reference op's."""
+    outs, ops = _two_layer_decode({}, monkeypatch)
+    assert len(_FakeStepMLA.made) == 1, "one wrapper shared by the layers"
+    dec = _FakeStepMLA.made[0]
+    assert (dec.plans, dec.runs) == (3, 6), f"3 steps x 2 layers: plans {dec.plans}, runs {dec.runs}"
+    assert ops.last_backend("mla_decode") == "flashinfer"
+    ref, ref_ops_ = _two_layer_decode({"mla_decode": "torch"}, monkeypatch)
+    assert _FakeStepMLA.made == [] and ref_ops_.last_backend("mla_decode") == "torch", "an explicit backend plans nothing"
+    for got, want in zip(outs, ref, strict=True):
+        assert_close(got, want, 1e-6, 1e-6, "planned decode vs the reference op")
+
+
+def test_flashinfer_step_plan_rules():
+    from quantkit.kernels.mla_flashinfer import step_plan_ok
+
+    q = lambda rank, rope, dtype=torch.bfloat16, dev="cpu": (torch.zeros(1, 2, rank, dtype=dtype, device=dev), torch.zeros(1, 2, rope, dtype=dtype, device=dev))  # noqa: E731
+    assert "CUDA" in step_plan_ok(*q(512, 64))
+    if HAS_CUDA:
+        assert "rank 512 and rope 64" in step_plan_ok(*q(32, 16, dev="cuda"))
+        assert "bf16 / fp16" in step_plan_ok(*q(512, 64, torch.float32, "cuda"))
+
+
 def test_engine_layer_rejects_a_kv_b_bias():
     with pytest.raises(ValueError, match="bias has no weight-absorbed decode"):
         _mla_layer(False, kv_b_bias=True)
@@ -283,6 +361,23 @@ def test_gpu_flashinfer_matches_reference(page):
     want = ref_ops.mla_decode(*f32(q_lat, q_rot, kv, k_rot), bt, ctx, page, d["scale"])
     got = dispatch.call("mla_decode", q_lat, q_rot, kv, k_rot, bt, ctx, page, d["scale"], backend="flashinfer")
     assert_close(got, want, *GPU_TOL, f"flashinfer mla page={page}")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("heads", [16, 128])
+def test_gpu_engine_decode_on_planned_flashinfer(heads):
+    """The engine's MLA layers at DeepSeek's latent dims (rank 512, rope 64), bf16: decode steps under backend
+    auto run FlashInfer's wrapper planned once per step, and match the reference op's steps."""
+    pytest.importorskip("flashinfer")
+    dims = dict(h=heads, nope=128, rope=64, v=128, rank=512, hidden=256)
+    outs, ops = _two_layer_decode({}, device="cuda", dtype=torch.bfloat16, lens=(37, 300), **dims)
+    assert ops.last_backend("mla_decode") == "flashinfer"
+    assert len([k for k in ops.state if k[0] == "mla_flashinfer"]) == 1
+    ref, ref_ops_ = _two_layer_decode({"mla_decode": "torch"}, device="cuda", dtype=torch.bfloat16, lens=(37, 300), **dims)
+    assert ref_ops_.last_backend("mla_decode") == "torch" and not ref_ops_.state
+    for i, (got, want) in enumerate(zip(outs, ref, strict=True)):
+        assert_close(got, want, *GPU_TOL, f"engine decode step {i}, {heads} heads: flashinfer vs reference")
 
 
 # ---- compiled for Hopper without a GPU ------------------------------------------------------

@@ -9,7 +9,7 @@ The kernel and its launch come from a table by M (:data:`FP8_BLOCK_CONFIGS`, mea
 ``scripts/bench_kernels.py --sweep``; no autotuning at run time):
 
 * M <= 32: :mod:`.gemm_skinny` (decode: GEMV-like, split-K over every SM, streams the weight once),
-  and at M = 33-64 where the wgmma kernel would have few tiles on a long K (:func:`small_m_prefers_skinny`)
+  and at M = 33-64 where the wgmma kernel would have few tiles or a very long K (:func:`small_m_prefers_skinny`)
   or cannot run;
 * larger M: :mod:`.gemm_wgmma` on sm_90 (warp-specialised Gluon kernel, persistent 128x128
   tiles; split-K at M = 65-128 where K is long and tiles few) where :func:`.gemm_wgmma.why_not` allows; elsewhere :mod:`.gemm_block_scaled`
@@ -70,10 +70,12 @@ SMALL_M_MAX = 64  # the small-M kernel's range: past the table's row where the w
 
 def small_m_prefers_skinny(m: int, n: int, k: int) -> bool:
     """At M <= 64 the wgmma kernel runs one 128x128 tile per program without split-K: with fewer than 48
-    column tiles on K > 4096 its few programs each walk the whole K, and the small-M kernel (which splits
-    K over every SM) is faster (ninth pass: DeepSeek-V3 q_a+kv_a 15.5 against 22.4 us at M = 64, expert
-    gate_up and Qwen3-235B o 4-5%)."""
-    return m <= SMALL_M_MAX and k > 4096 and cdiv(n, WGMMA_BLOCK_N) < 48
+    column tiles on K > 4096, or a K of 16384 or more, its few programs each walk a long K, and the
+    small-M kernel (which splits K over every SM) is faster (ninth pass: DeepSeek-V3 q_a+kv_a 15.5 against
+    22.4 us at M = 64, expert gate_up and Qwen3-235B o 4-5%; thirteenth pass: DeepSeek-V3 o, 56 tiles on
+    K = 16384, 48.4 / 49.6 / 51.5 against 63.2 / 57.1 / 55.0 us at M = 33 / 48 / 64, where split-K on the
+    wgmma kernel did not help)."""
+    return m <= SMALL_M_MAX and k > 4096 and (cdiv(n, WGMMA_BLOCK_N) < 48 or k >= 16384)
 
 
 TILED_MID = Config(64, 128, group=8, num_warps=4, num_stages=4)  # the tiled kernel up to M = 512

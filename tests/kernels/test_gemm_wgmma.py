@@ -166,14 +166,16 @@ def test_sm90_moe_build_overlaps_the_promotion_without_serialising(tmp_path, gat
 
 
 def test_small_m_rows_of_the_table_where_wgmma_runs(monkeypatch):
-    """M = 33-64 on an H200: the wgmma kernel, except with few column tiles on a long K (small_m_prefers_skinny)."""
+    """M = 33-64 on an H200: the wgmma kernel, except with few column tiles on a long K or a very long K (small_m_prefers_skinny)."""
     from quantkit.kernels import gemm_fp8_block as mod
 
     monkeypatch.setattr(mod, "why_not", lambda a, w, out_dtype: None)  # as on an H200
     assert mod.table_config(FP8_BLOCK_CONFIGS, *sides(32, 5120, 2880)) == mod.SMALL_M
     assert isinstance(mod.table_config(FP8_BLOCK_CONFIGS, *sides(33, 5120, 2880)), WgmmaConfig)
     assert isinstance(mod.table_config(FP8_BLOCK_CONFIGS, *sides(64, 2880, 4096)), WgmmaConfig)  # K <= 4096
-    assert isinstance(mod.table_config(FP8_BLOCK_CONFIGS, *sides(64, 7168, 16384)), WgmmaConfig)  # 56 column tiles
+    assert mod.table_config(FP8_BLOCK_CONFIGS, *sides(64, 7168, 16384)) == mod.SMALL_M  # 56 column tiles, but K = 16384
+    assert isinstance(mod.table_config(FP8_BLOCK_CONFIGS, *sides(64, 9216, 4096)), WgmmaConfig)  # 72 column tiles, K = 4096
+    assert isinstance(mod.table_config(FP8_BLOCK_CONFIGS, *sides(64, 7168, 8192)), WgmmaConfig)  # 56 column tiles, K = 8192
     assert mod.table_config(FP8_BLOCK_CONFIGS, *sides(64, 2112, 7168)) == mod.SMALL_M  # 17 column tiles, K = 7168
     assert mod.table_config(FP8_BLOCK_CONFIGS, *sides(48, 4096, 8192)) == mod.SMALL_M
     assert isinstance(mod.table_config(FP8_BLOCK_CONFIGS, *sides(65, 2112, 7168)), WgmmaConfig)

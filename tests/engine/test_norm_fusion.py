@@ -1,7 +1,7 @@
-"""The attention input norm fused with the q/k/v projections' activation quantization
-(``rmsnorm_act_quant``, :func:`quantkit.engine.layers.norm.norm_quantized`): used where every
-projection quantizes alike and activations are bf16, off otherwise; its bytes against the unfused
-norm + act_quant, and a whole model's logits with and without it."""
+"""The attention input norm fused with the projections' activation quantization (q/k/v; MLA: q_a or q
+with kv_a, then q_a_layernorm with q_b) (``rmsnorm_act_quant``, :func:`quantkit.engine.layers.norm.norm_quantized`):
+used where every projection quantizes alike and activations are bf16, off otherwise; its bytes against
+the unfused norm + act_quant, and a whole model's logits with and without it."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 
 from quantkit.engine import load
 from quantkit.engine.layers import attention as attention_mod
+from quantkit.engine.layers import mla as mla_mod
 from quantkit.engine.layers.norm import RMSNorm, norm_quantized
 from quantkit.engine.qlinear import ActQuant
 from quantkit.formats import fp8_block, mxfp8
@@ -59,13 +60,14 @@ def test_not_fused_when_projections_differ_or_float32():
     assert norm_quantized(nb, [_Proj(ActQuant("mxfp8"))] * 3, xb) is not None
 
 
-@pytest.mark.parametrize(("kind", "fmt"), [("qwen3", "fp8-block"), ("gpt-oss", "mxfp8")])
+@pytest.mark.parametrize(("kind", "fmt"), [("qwen3", "fp8-block"), ("gpt-oss", "mxfp8"), ("deepseek-v3", "fp8-block")])
 def test_model_logits_with_and_without_the_fused_norm(tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, fmt: str) -> None:
     q, _ = requantize(tiny(kind), tmp_path / fmt, fmt)
     fused_model = load(q, "cpu", torch.bfloat16, backend="torch")
     fused = run(fused_model)
     assert "rmsnorm_act_quant" in fused_model.ops.ran
     monkeypatch.setattr(attention_mod, "norm_quantized", lambda *a: None)
+    monkeypatch.setattr(mla_mod, "norm_quantized", lambda *a: None)
     plain_model = load(q, "cpu", torch.bfloat16, backend="torch")
     plain = run(plain_model)
     assert "rmsnorm_act_quant" not in plain_model.ops.ran

@@ -255,7 +255,8 @@ class _FakeStepMLA(MLADecode):
         return ref_ops.mla_decode(q_lat, q_rot, kv, k_rot, *self._planned, self.scale)
 
 
-def _two_layer_decode(per_op: dict, monkeypatch=None, device="cpu", dtype=torch.float32, lens=(5, 5), **dims) -> tuple[list[torch.Tensor], Dispatcher]:
+def _two_layer_decode(per_op: dict, monkeypatch=None, device="cpu", dtype=torch.float32, lens=(5, 5),
+                      **dims) -> tuple[list[torch.Tensor], Dispatcher]:  # fmt: skip
     """Two MLA layers sharing one dispatcher: a prefill of two sequences, then 3 decode steps.  With
     ``monkeypatch``, :class:`_FakeStepMLA` stands in for FlashInfer's wrapper (which may then serve)."""
     from quantkit.engine import KVCache
@@ -305,7 +306,9 @@ def test_engine_decode_plans_flashinfer_once_per_step(monkeypatch):
 def test_flashinfer_step_plan_rules():
     from quantkit.kernels.mla_flashinfer import step_plan_ok
 
-    q = lambda rank, rope, dtype=torch.bfloat16, dev="cpu": (torch.zeros(1, 2, rank, dtype=dtype, device=dev), torch.zeros(1, 2, rope, dtype=dtype, device=dev))  # noqa: E731
+    def q(rank, rope, dtype=torch.bfloat16, dev="cpu"):
+        return torch.zeros(1, 2, rank, dtype=dtype, device=dev), torch.zeros(1, 2, rope, dtype=dtype, device=dev)
+
     assert "CUDA" in step_plan_ok(*q(512, 64))
     if HAS_CUDA:
         assert "rank 512 and rope 64" in step_plan_ok(*q(32, 16, dev="cuda"))

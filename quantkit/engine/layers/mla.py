@@ -32,7 +32,7 @@ from ..batch import Batch
 from ..kv_cache import KVCache
 from ..qlinear import Linear
 from .attention import attend_batch
-from .norm import RMSNorm
+from .norm import RMSNorm, norm_quantized
 from .rope import Rope
 
 
@@ -76,11 +76,6 @@ class MLA(nn.Module):
     def cache_spec(self) -> dict[str, tuple[int, ...]]:
         return {"kv": (self.rank,), "k_rot": (self.rope_dim,)}
 
-    def _queries(self, x: torch.Tensor) -> torch.Tensor:
-        if self.q_proj is not None:
-            return self.q_proj(x)
-        return self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
-
     def _expand(self, ctx: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         m = ctx["kv"].shape[0]
         kv = self.kv_b_proj(ctx["kv"]).view(m, self.num_heads, self.nope + self.v_dim)
@@ -122,15 +117,28 @@ class MLA(nn.Module):
         return self.ops.call("mla_decode", q_lat, q_rot, kv, k_rot, batch.block_tables, batch.attn.context_lens, batch.block_size, self.scale)
 
     def forward_normed(self, norm: RMSNorm, x: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
-        """forward(norm(x)) (the decoder layers' interface, see :class:`.attention.Attention`); the
-        norm is not fused with the q_a / kv_a projections here."""
-        return self.forward(norm(x), batch, cache)
+        """forward(norm(x)) (the decoder layers' interface, see :class:`.attention.Attention`): the norm
+        fused with the input quantization that the first query projection (q_a_proj, or q_proj) and
+        kv_a_proj share, where they quantize alike (:func:`.norm.norm_quantized`); likewise q_a_layernorm
+        with q_b_proj's."""
+        first = self.q_proj if self.q_proj is not None else self.q_a_proj
+        a = norm_quantized(norm, (first, self.kv_a_proj), x)
+        if a is None:
+            return self.forward(norm(x), batch, cache)
+        return self._forward(first.quantized(*a, x.dtype), self.kv_a_proj.quantized(*a, x.dtype), batch, cache)
 
     def forward(self, x: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
-        t = x.shape[0]
-        q = self._queries(x).view(t, self.num_heads, self.nope + self.rope_dim)
+        first = self.q_proj if self.q_proj is not None else self.q_a_proj
+        return self._forward(first(x), self.kv_a_proj(x), batch, cache)
+
+    def _forward(self, q0: torch.Tensor, kv_a: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
+        """The layer from its first projections: q0 = q_proj(x), or q_a_proj(x) (then q_a_layernorm and
+        q_b_proj here), and kv_a = kv_a_proj_with_mqa(x)."""
+        t = q0.shape[0]
+        q = q0 if self.q_proj is not None else self._q_b(q0)
+        q = q.view(t, self.num_heads, self.nope + self.rope_dim)
         q_nope, q_rot = q.split([self.nope, self.rope_dim], dim=-1)
-        latent, k_rot = self.kv_a_proj(x).split([self.rank, self.rope_dim], dim=-1)
+        latent, k_rot = kv_a.split([self.rank, self.rope_dim], dim=-1)
         new = {"kv": self.kv_a_norm(latent), "k_rot": self.rope(k_rot[:, None, :], batch.positions)[:, 0]}
         q_rot = self.rope(q_rot, batch.positions)
         if cache is not None and batch.attn.decode:
@@ -139,3 +147,10 @@ class MLA(nn.Module):
             q = torch.cat((q_nope, q_rot), dim=-1)
             o = attend_batch(self.layer, batch, cache, q, new, self._expand, scale=self.scale, ops=self.ops)
         return self.o_proj(o.reshape(t, self.num_heads * self.v_dim))
+
+    def _q_b(self, qa: torch.Tensor) -> torch.Tensor:
+        """q_b_proj(q_a_layernorm(qa)), the norm fused with q_b_proj's input quantization where it can be."""
+        a = norm_quantized(self.q_a_norm, (self.q_b_proj,), qa)
+        if a is None:
+            return self.q_b_proj(self.q_a_norm(qa))
+        return self.q_b_proj.quantized(*a, qa.dtype)

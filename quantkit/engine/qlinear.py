@@ -29,6 +29,7 @@ each op -- the formats references on CPU, Triton / cuBLAS on GPUs):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -198,3 +199,41 @@ class Linear(nn.Module):
     def quantized(self, a: torch.Tensor, a_scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         """The projection of an input quantized as ``self.weight.act`` asks (see :func:`linear_quantized`)."""
         return linear_quantized(a, a_scale, self.weight, out_dtype, self.bias)
+
+
+ROW_BUFFERS = {"dense": (("w", 1),), "fp8-block": (("q", 1), ("scale_inv", fp8_block.BLOCK)), "mxfp8": (("q", 1), ("scale", 1)),
+               "mxfp4": (("blocks", 1), ("scales", 1))}  # fmt: skip  # per format: (buffer, weight rows per buffer row)
+
+
+def fuse_rows(parts: Sequence[Linear]) -> Linear | None:
+    """One projection whose output is the parts' outputs side by side (their weights stacked along N, one
+    GEMM where there were several, e.g. DeepSeek's q_a_proj and kv_a_proj_with_mqa), sharing storage:
+    every part's buffers become row views of the fused ones, so no weight is held twice.  None where the
+    parts cannot stack: fewer than two, different formats, activation quantization, K, dtypes or
+    devices, stacked experts, a bias on some but not all, or an FP8-block part before the last whose
+    rows are not whole 128-row scale tiles."""
+    ws = [p.weight for p in parts]
+    w0 = ws[0]
+    if len(parts) < 2 or w0.fmt not in ROW_BUFFERS or w0.num_experts is not None:
+        return None
+    if any(type(w) is not type(w0) or w.act != w0.act or w.shape[1] != w0.shape[1] or w.num_experts is not None for w in ws):
+        return None
+    has_bias = [p.bias is not None for p in parts]
+    if any(has_bias) != all(has_bias):
+        return None
+    bufs = {name: [getattr(w, name) for w in ws] for name, _ in ROW_BUFFERS[w0.fmt]}
+    if any(len({(t.dtype, t.device) for t in ts}) != 1 for ts in bufs.values()):
+        return None
+    if any(w.shape[0] % rows for w in ws[:-1] for _, rows in ROW_BUFFERS[w0.fmt]):
+        return None
+    cat = {name: torch.cat(ts) for name, ts in bufs.items()}
+    act, ops = w0.act, w0.ops
+    fused = {"dense": lambda: Dense(cat["w"], ops), "fp8-block": lambda: Fp8Block(cat["q"], cat["scale_inv"], act, ops),
+             "mxfp8": lambda: Mxfp8(cat["q"], cat["scale"], act, ops), "mxfp4": lambda: Mxfp4(cat["blocks"], cat["scales"], ops)}[w0.fmt]()  # fmt: skip
+    lo = 0
+    for w in ws:  # each part now reads its rows of the fused buffers
+        for name, rows in ROW_BUFFERS[w0.fmt]:
+            w._buffers[name] = getattr(fused, name)[lo // rows : -(-(lo + w.shape[0]) // rows)]
+        lo += w.shape[0]
+    bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])
+    return Linear(fused, bias)

@@ -128,3 +128,54 @@ def test_dispatcher_records_backends(gen: torch.Generator) -> None:
     assert plain.ops.ran == {"fp8_block_dequant": "torch"}
     with pytest.raises(ValueError, match="no GEMM"):
         Fp8Block(*fp8_block.quantize_weight(w), MX)
+
+
+# ---- fuse_rows: several projections of one input as one GEMM ----------------------------------
+
+FUSABLE = {
+    "dense": lambda t, act: Dense(t),
+    "fp8-block": lambda t, act: Fp8Block(*fp8_block.quantize_weight(t), ActQuant("fp8-block") if act else None),
+    "mxfp8": lambda t, act: Mxfp8(*mxfp8.quantize(t), ActQuant("mxfp8") if act else None),
+    "mxfp4": lambda t, act: Mxfp4(*mxfp4.encode(t)),
+}
+
+
+@pytest.mark.parametrize("fmt", list(FUSABLE))
+@pytest.mark.parametrize("bias", [False, True])
+def test_fuse_rows_is_one_gemm_over_shared_storage(fmt: str, bias: bool) -> None:
+    """DeepSeek's q_a_proj + kv_a_proj_with_mqa shape (whole 128-row tiles first, a ragged last part): the
+    fused output is the parts' outputs side by side, and each part reads its rows of the fused buffers."""
+    from quantkit.engine.qlinear import fuse_rows
+
+    gen = torch.Generator().manual_seed(11)
+    ws = [torch.randn(n, 320, generator=gen) / 18 for n in (256, 72)]
+    parts = [Linear(FUSABLE[fmt](w, True), torch.randn(w.shape[0], generator=gen) if bias else None) for w in ws]
+    before = [p.weight.dequant() for p in parts]
+    x = torch.randn(5, 320, generator=gen).to(torch.bfloat16)
+    want = torch.cat([p(x) for p in parts], dim=-1)
+    fused = fuse_rows(parts)
+    assert fused is not None and fused.weight.shape == (328, 320)
+    for p, w in zip(parts, before, strict=True):
+        assert torch.equal(p.weight.dequant(), w), "a part still reads its own rows"
+        for name, t in p.weight.named_buffers():
+            assert t.untyped_storage().data_ptr() == getattr(fused.weight, name).untyped_storage().data_ptr(), f"{fmt} {name} is not shared"
+    got = fused(x)
+    assert torch.equal(got, want), "each output element is the same dot product"
+    assert torch.equal(torch.cat([p(x) for p in parts], dim=-1), want), "the parts give what they gave before fusing"
+
+
+def test_fuse_rows_refuses_what_cannot_stack() -> None:
+    from quantkit.engine.qlinear import fuse_rows
+
+    gen = torch.Generator().manual_seed(12)
+    w = lambda n: torch.randn(n, 256, generator=gen) / 16  # noqa: E731
+    fp8 = lambda n, act=True: Linear(FUSABLE["fp8-block"](w(n), act))  # noqa: E731
+    assert fuse_rows([fp8(200), fp8(72)]) is None, "a part before the last must be whole 128-row scale tiles"
+    assert fuse_rows([fp8(128), fp8(72, act=False)]) is None, "activation quantization differs"
+    assert fuse_rows([fp8(128), Linear(Dense(w(72)))]) is None, "formats differ"
+    assert fuse_rows([fp8(128)]) is None, "nothing to fuse"
+    assert fuse_rows([Linear(Dense(w(8)), torch.zeros(8)), Linear(Dense(w(8)))]) is None, "a bias on one part only"
+    assert fuse_rows([Linear(Dense(w(8))), Linear(Dense(torch.randn(8, 128)))]) is None, "K differs"
+    assert fuse_rows([Linear(Dense(w(8))), Linear(Dense(w(8).to(torch.bfloat16)))]) is None, "dtypes differ"
+    assert fuse_rows([Linear(Dense(torch.zeros(2, 8, 256))), Linear(Dense(torch.zeros(2, 8, 256)))]) is None, "stacked experts"
+    assert fuse_rows([fp8(128), fp8(72)]) is not None

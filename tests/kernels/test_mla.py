@@ -315,6 +315,27 @@ def test_flashinfer_step_plan_rules():
         assert "bf16 / fp16" in step_plan_ok(*q(512, 64, torch.float32, "cuda"))
 
 
+def test_engine_layer_runs_q_and_kv_a_as_one_projection(monkeypatch):
+    """q_proj (or q_a_proj) and kv_a_proj_with_mqa take the same input: one fused GEMM over their shared
+    storage (qlinear.fuse_rows), the same outputs as two."""
+    from quantkit.engine import Batch
+    from quantkit.engine.layers import mla as mla_mod
+
+    layer = _mla_layer(True)
+    x = torch.randn(7, 48, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        fused_out = layer(x, Batch.prefill([3, 4]), None)
+    fused = layer._fused_first()
+    assert fused is not None and fused.weight.shape == (4 * 32 + 32 + 16, 48)
+    assert layer.q_proj.weight.w.untyped_storage().data_ptr() == fused.weight.w.untyped_storage().data_ptr()
+    monkeypatch.setattr(mla_mod, "fuse_rows", lambda parts: None)
+    plain = _mla_layer(True)
+    with torch.no_grad():
+        plain_out = plain(x, Batch.prefill([3, 4]), None)
+    assert plain._fused_first() is None
+    assert torch.equal(fused_out, plain_out)
+
+
 def test_engine_layer_rejects_a_kv_b_bias():
     with pytest.raises(ValueError, match="bias has no weight-absorbed decode"):
         _mla_layer(False, kv_b_bias=True)

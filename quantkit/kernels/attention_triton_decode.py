@@ -6,8 +6,7 @@ sequence, whose key is already in the cache at position context_len - 1.
 Flash-decoding (Dao et al. 2023): one program per (sequence, kv head, split) holds all Hq/Hkv
 query heads of its group as the rows of one dot, so each K/V byte is read once.  With several
 splits, each writes its normalised partial o = acc / l and lse = m + log2 l (float32, base 2) and
-the last split of each (sequence, kv head) to finish merges them with the sink (``fuse_merge``;
-else a second kernel does): with M = max(max_s lse_s, sink),
+a second kernel merges them with the sink: with M = max(max_s lse_s, sink),
 out = sum_s 2^(lse_s - M) o_s / (sum_s 2^(lse_s - M) + 2^(sink - M)).  With one split (large
 batches) the sink seeds the online softmax as in prefill and the kernel writes the output.
 The split count depends only on shapes (B, Hkv, block table width, window), never on the
@@ -27,7 +26,6 @@ import triton.language as tl
 from . import dispatch
 from .attention import check_heads, check_window
 from .attention_triton import LOG2E, check_operands, dot_dtype, paged_rows, pow2, softmax_step
-from .gemm_block_scaled import WORKSPACE
 from .triton_numerics import PRIORITY, available, cdiv, interpreted
 
 MAX_SPLITS = 64
@@ -46,10 +44,9 @@ class DecodeConfig:
     num_splits: int = 0  # 0: chosen from the SM count and the shapes (programs_per_sm, max_splits)
     programs_per_sm: int = 4
     max_splits: int = 128
-    fuse_merge: bool = True  # the last split of each (sequence, kv head) merges (no second launch)
 
     def name(self) -> str:
-        return f"n{self.block_n}/w{self.num_warps}/st{self.num_stages}/s{self.num_splits or 'auto'}" + ("" if self.fuse_merge else "/merge2")
+        return f"n{self.block_n}/w{self.num_warps}/st{self.num_stages}/s{self.num_splits or 'auto'}"
 
 
 INTERPRETER_DECODE = DecodeConfig(16, 1, 1)
@@ -77,16 +74,13 @@ def write_split(acc, m_i, l_i, o_ptrs, part_ptrs, lse_ptrs, mask, h_ok, FINAL: t
 
 
 @triton.jit
-def _decode_split_kernel(Q, K, V, BT, CTX, SINKS, O, OP, LSE, CNT,
+def _decode_split_kernel(Q, K, V, BT, CTX, SINKS, O, OP, LSE,
                          sq_b, sq_h, sk_t, sk_h, sv_t, sv_h, s_bt, so_b, so_h, sop_b, sop_h, sop_s, sl_b, sl_h,
                          qk_scale, window, block_size, num_splits,
                          GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
                          HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr, FINAL: tl.constexpr,
-                         DOT: tl.constexpr, PRECISION: tl.constexpr, FUSE_MERGE: tl.constexpr = False, BLOCK_S: tl.constexpr = 2):
-    """FUSE_MERGE (several splits): after writing its partial, each program arrives at the (sequence, kv
-    head) counter CNT (acq_rel, CUTLASS's semaphore pattern as in the split-K GEMMs); the last to arrive
-    merges the group's heads (:func:`_merge_head`) and zeroes the counter for the next launch."""
+                         DOT: tl.constexpr, PRECISION: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -127,26 +121,19 @@ def _decode_split_kernel(Q, K, V, BT, CTX, SINKS, O, OP, LSE, CNT,
     write_split(acc, m_i, l_i, O + b64 * so_b + heads[:, None] * so_h + offs_dv[None, :],
                 OP + b64 * sop_b + heads[:, None] * sop_h + split * sop_s + offs_dv[None, :],
                 LSE + b64 * sl_b + heads * sl_h + split, h_ok[:, None] & dv_ok[None, :], h_ok, FINAL)
-    if FUSE_MERGE:
-        tl.debug_barrier()  # every thread's partial is written before the counter is released
-        slot = CNT + b * tl.num_programs(1) + kvh
-        if tl.atomic_add(slot, 1, sem="acq_rel") == num_splits - 1:
-            for hh in tl.static_range(GROUP):
-                _merge_head(OP, LSE, SINKS, O, b64, kvh * GROUP + hh, sop_b, sop_h, sop_s, sl_b, sl_h, so_b, so_h, num_splits,
-                            BLOCK_S, HEAD_DV, BLOCK_DV, HAS_SINKS)
-            tl.store(slot, 0)  # zero again for the next launch (and every graph replay)
 
 
 @triton.jit
-def _merge_head(OP, LSE, SINKS, O, b, h, sop_b, sop_h, sop_s, sl_b, sl_h, so_b, so_h, num_splits,
-                BLOCK_S: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_SINKS: tl.constexpr):
-    """Head h of sequence b: the splits' partials merged with the sink (module docstring).  Loads
-    bypass L1 (``.cg``): in the fused merge other programs wrote them."""
+def _decode_merge_kernel(OP, LSE, SINKS, O, sop_b, sop_h, sop_s, sl_b, sl_h, so_b, so_h, num_splits,
+                         BLOCK_S: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr,
+                         HAS_SINKS: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
     s_ok = offs_s < num_splits
     offs_dv = tl.arange(0, BLOCK_DV)
     dv_ok = offs_dv < HEAD_DV
-    lse = tl.load(LSE + b * sl_b + h * sl_h + offs_s, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
+    lse = tl.load(LSE + b * sl_b + h * sl_h + offs_s, mask=s_ok, other=float("-inf"))
     m = tl.max(lse, 0)  # finite: a context has >= 1 key, so some split is not empty
     if HAS_SINKS:
         sink = tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634
@@ -155,18 +142,9 @@ def _merge_head(OP, LSE, SINKS, O, b, h, sop_b, sop_h, sop_s, sl_b, sl_h, so_b, 
     denom = tl.sum(w, 0)
     if HAS_SINKS:
         denom += tl.exp2(sink - m)
-    o = tl.load(OP + b * sop_b + h * sop_h + offs_s[:, None] * sop_s + offs_dv[None, :], mask=s_ok[:, None] & dv_ok[None, :], other=0.0,
-                cache_modifier=".cg")
+    o = tl.load(OP + b * sop_b + h * sop_h + offs_s[:, None] * sop_s + offs_dv[None, :], mask=s_ok[:, None] & dv_ok[None, :], other=0.0)
     out = tl.sum(o * w[:, None], 0) / denom
     tl.store(O + b * so_b + h * so_h + offs_dv, out.to(O.dtype.element_ty), mask=dv_ok)
-
-
-@triton.jit
-def _decode_merge_kernel(OP, LSE, SINKS, O, sop_b, sop_h, sop_s, sl_b, sl_h, so_b, so_h, num_splits,
-                         BLOCK_S: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr,
-                         HAS_SINKS: tl.constexpr):
-    _merge_head(OP, LSE, SINKS, O, tl.program_id(0).to(tl.int64), tl.program_id(1), sop_b, sop_h, sop_s, sl_b, sl_h, so_b, so_h,
-                num_splits, BLOCK_S, HEAD_DV, BLOCK_DV, HAS_SINKS)
 
 
 def num_splits(batch: int, head_groups: int, max_keys: int, block_n: int, device: torch.device,
@@ -215,18 +193,16 @@ def attention_decode(
     part = out if final else torch.empty(b, hq, splits, dv, dtype=torch.float32, device=dev)  # [B, Hq, S, Dv]
     lse = out if final else torch.empty(b, hq, splits, dtype=torch.float32, device=dev)  # [B, Hq, S]
     sink_arg = sinks if sinks is not None else q
-    fuse = cfg.fuse_merge and not final
-    cnt = WORKSPACE.counters(b * hkv, dev) if fuse else out  # zero between launches (the last program resets its own)
     _decode_split_kernel[(b, hkv, splits)](
-        q, k_cache, v_cache, block_tables, context_lens, sink_arg, out, part, lse, cnt,
+        q, k_cache, v_cache, block_tables, context_lens, sink_arg, out, part, lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         block_tables.stride(0), out.stride(0), out.stride(1), part.stride(0), part.stride(1), 0 if final else part.stride(2),
         lse.stride(0), lse.stride(1), scale * LOG2E, window or 0, block_size, splits,
         GROUP=group, BLOCK_H=pow2(group), HEAD_D=d, HEAD_DV=dv, BLOCK_D=pow2(d), BLOCK_DV=pow2(dv), BLOCK_N=cfg.block_n,
         HAS_SINKS=sinks is not None, HAS_WINDOW=window is not None, FINAL=final, DOT=dot, PRECISION=precision,
-        FUSE_MERGE=fuse, BLOCK_S=pow2(splits, 2), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if not final and not fuse:
+    if not final:
         merge_splits(part, lse, out, sinks)
     return out
 

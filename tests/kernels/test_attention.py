@@ -237,21 +237,6 @@ def test_triton_decode_paged(triton_device, dtype, bs, window):
         cfg = DecodeConfig(16, 1, 1, num_splits=splits)
         got = triton("attention_decode", q, kc, vc, bt, lens, bs, 0.25, sinks, window, config=cfg)
         assert_close(got, want, *tol(dtype, triton_device), f"decode bs={bs} window={window} splits={splits}")
-        cfg2 = DecodeConfig(16, 1, 1, num_splits=splits, fuse_merge=False)
-        two = triton("attention_decode", q, kc, vc, bt, lens, bs, 0.25, sinks, window, config=cfg2)
-        assert torch.equal(got, two), "the fused merge (last split to arrive) and the merge kernel add the same terms"
-
-
-def test_triton_decode_fused_merge_leaves_its_counters_at_zero(triton_device):
-    from quantkit.kernels.attention_triton_decode import DecodeConfig
-    from quantkit.kernels.gemm_block_scaled import WORKSPACE
-
-    kc, vc, bt, lens = paged_cache([7, 40], 2, 16, 16, 4, torch.float32, triton_device)
-    q, _, _, sinks = ragged([2], [1], 4, 2, 16, 16, torch.float32, triton_device)
-    cfg = DecodeConfig(16, 1, 1, num_splits=4)
-    first = triton("attention_decode", q, kc, vc, bt, lens, 4, 0.25, sinks, None, config=cfg)
-    assert not WORKSPACE.counters(4, q.device).any(), "every (sequence, kv head) counter is reset by its last split"
-    assert torch.equal(first, triton("attention_decode", q, kc, vc, bt, lens, 4, 0.25, sinks, None, config=cfg))
 
 
 def test_triton_decode_without_sinks_and_int64_tables(triton_device):
@@ -350,9 +335,9 @@ for paged in (False, True):
               PAGED=paged, DOT=tl.bfloat16, PRECISION="tf32"), 4, 3)
     ir = k.asm["ttgir"]
     assert "warp_group_dot" in ir and "async_copy_global_to_local" in ir, "prefill: no wgmma or no pipelined loads"
-for final, fuse in ((False, False), (True, False), (False, True)):
-    build(Dd._decode_split_kernel, io | {"CNT": "*i32"}, dict(common, GROUP=8, BLOCK_H=16, HEAD_D=64, BLOCK_D=64, BLOCK_N=64, HAS_WINDOW=True,
-          FINAL=final, DOT=tl.bfloat16, PRECISION="tf32", FUSE_MERGE=fuse, BLOCK_S=64), 4, 3)
+for final in (False, True):
+    build(Dd._decode_split_kernel, io, dict(common, GROUP=8, BLOCK_H=16, HEAD_D=64, BLOCK_D=64, BLOCK_N=64, HAS_WINDOW=True,
+          FINAL=final, DOT=tl.bfloat16, PRECISION="tf32"), 4, 3)
 build(Dd._decode_merge_kernel, io, dict(common, BLOCK_S=64), 4, 1)
 print("compiled")
 '''

@@ -237,3 +237,38 @@ def fuse_rows(parts: Sequence[Linear]) -> Linear | None:
         lo += w.shape[0]
     bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])
     return Linear(fused, bias)
+
+
+class RowGroup:
+    """Projections of one input (q / k / v; MLA's q_a and kv_a) run as one GEMM where they stack
+    (:func:`fuse_rows`), each output a contiguous [..., N_i]; where they cannot, one call each.  The
+    fused projection is made on first use, and again if the parts' buffers were replaced since (a
+    ``.to``); it is kept off the module tree (its buffers are the parts' own storage)."""
+
+    def __init__(self, parts: Sequence[Linear]) -> None:
+        self.parts = tuple(parts)
+        self._made: tuple[tuple, Linear | None] | None = None
+
+    def _key(self) -> tuple:
+        t = next(iter(self.parts[0].weight._buffers.values()))
+        return (t.device, t.dtype, t.data_ptr())
+
+    def fused(self) -> Linear | None:
+        if self._made is None or self._made[0] != self._key():
+            fused = fuse_rows(self.parts)
+            self._made = (self._key(), fused)
+        return self._made[1]
+
+    def _split(self, y: torch.Tensor) -> list[torch.Tensor]:
+        return [t.contiguous() for t in y.split([p.weight.shape[0] for p in self.parts], dim=-1)]
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        fused = self.fused()
+        return [p(x) for p in self.parts] if fused is None else self._split(fused(x))
+
+    def quantized(self, a: torch.Tensor, a_scale: torch.Tensor, out_dtype: torch.dtype) -> list[torch.Tensor]:
+        """Each part's projection of an input quantized as they all ask (:meth:`Linear.quantized`)."""
+        fused = self.fused()
+        if fused is None:
+            return [p.quantized(a, a_scale, out_dtype) for p in self.parts]
+        return self._split(fused.quantized(a, a_scale, out_dtype))

@@ -179,3 +179,45 @@ def test_fuse_rows_refuses_what_cannot_stack() -> None:
     assert fuse_rows([Linear(Dense(w(8))), Linear(Dense(w(8).to(torch.bfloat16)))]) is None, "dtypes differ"
     assert fuse_rows([Linear(Dense(torch.zeros(2, 8, 256))), Linear(Dense(torch.zeros(2, 8, 256)))]) is None, "stacked experts"
     assert fuse_rows([fp8(128), fp8(72)]) is not None
+
+
+@pytest.mark.parametrize(("hd", "hq"), [(64, 4), (32, 6)])  # q / k rows 256 / 128: one GEMM; 192 / 64: not whole FP8 scale tiles
+def test_attention_runs_q_k_v_as_one_projection(monkeypatch: pytest.MonkeyPatch, hd: int, hq: int) -> None:
+    """The GQA layer's q / k / v (GPT-OSS-like: biases, sinks, window) as one GEMM where they stack, with the
+    same outputs as three, fused input norm included (bf16)."""
+    from quantkit.engine import Batch, KVCache
+    from quantkit.engine import qlinear as qmod
+    from quantkit.engine.layers.attention import Attention
+    from quantkit.engine.layers.norm import RMSNorm
+    from quantkit.engine.layers.rope import Rope
+
+    def layer() -> Attention:
+        gen = torch.Generator().manual_seed(21)
+        hkv, hidden = 2, 256
+
+        def proj(n: int, k: int) -> Linear:
+            w = torch.randn(n, k, generator=gen) / k**0.5
+            return Linear(Fp8Block(*fp8_block.quantize_weight(w), ActQuant("fp8-block")), torch.randn(n, generator=gen).to(torch.bfloat16))
+
+        return Attention(0, proj(hq * hd, hidden), proj(hkv * hd, hidden), proj(hkv * hd, hidden), proj(hidden, hq * hd), num_heads=hq,
+                         num_kv_heads=hkv, head_dim=hd, rope=Rope(hd, {"rope_type": "default", "rope_theta": 10000.0}),
+                         sinks=torch.randn(hq, generator=gen), window=4)  # fmt: skip
+
+    x = torch.randn(9, 256, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    norm = RMSNorm(torch.ones(256, dtype=torch.bfloat16), 1e-6)
+
+    def run(attn: Attention) -> torch.Tensor:
+        cache = KVCache([attn.cache_spec()], num_blocks=8, block_size=4, dtype=torch.bfloat16)
+        with torch.no_grad():
+            outs = [attn.forward_normed(norm, x[:6], cache.schedule({"s": 6}), cache)]
+            outs += [attn.forward_normed(norm, x[i : i + 1], cache.schedule({"s": 1}), cache) for i in range(6, 9)]
+        return torch.cat(outs)
+
+    fused_attn = layer()
+    fused = run(fused_attn)
+    assert (fused_attn.qkv.fused() is not None) == (hd == 64)
+    monkeypatch.setattr(qmod, "fuse_rows", lambda parts: None)
+    plain_attn = layer()
+    plain = run(plain_attn)
+    assert plain_attn.qkv.fused() is None
+    assert torch.equal(fused, plain)

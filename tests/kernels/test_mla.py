@@ -318,21 +318,20 @@ def test_flashinfer_step_plan_rules():
 def test_engine_layer_runs_q_and_kv_a_as_one_projection(monkeypatch):
     """q_proj (or q_a_proj) and kv_a_proj_with_mqa take the same input: one fused GEMM over their shared
     storage (qlinear.fuse_rows), the same outputs as two."""
-    from quantkit.engine import Batch
-    from quantkit.engine.layers import mla as mla_mod
+    from quantkit.engine import Batch, qlinear
 
     layer = _mla_layer(True)
     x = torch.randn(7, 48, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         fused_out = layer(x, Batch.prefill([3, 4]), None)
-    fused = layer._fused_first()
+    fused = layer.qkv_a.fused()
     assert fused is not None and fused.weight.shape == (4 * 32 + 32 + 16, 48)
     assert layer.q_proj.weight.w.untyped_storage().data_ptr() == fused.weight.w.untyped_storage().data_ptr()
-    monkeypatch.setattr(mla_mod, "fuse_rows", lambda parts: None)
+    monkeypatch.setattr(qlinear, "fuse_rows", lambda parts: None)
     plain = _mla_layer(True)
     with torch.no_grad():
         plain_out = plain(x, Batch.prefill([3, 4]), None)
-    assert plain._fused_first() is None
+    assert plain.qkv_a.fused() is None
     assert torch.equal(fused_out, plain_out)
 
 

@@ -27,7 +27,7 @@ from ...kernels.attention import attend  # noqa: F401  (re-exported: the referen
 from ...kernels.dispatch import Dispatcher
 from ..batch import Batch
 from ..kv_cache import KVCache
-from ..qlinear import Linear
+from ..qlinear import Linear, RowGroup
 from .norm import RMSNorm, norm_quantized
 from .rope import Rope
 
@@ -109,6 +109,7 @@ class Attention(nn.Module):
         super().__init__()
         self.layer = layer
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
+        self.qkv = RowGroup((q_proj, k_proj, v_proj))  # one GEMM where the three stack (qlinear.fuse_rows)
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.rope = rope
         self.register_buffer("sinks", sinks)
@@ -121,15 +122,15 @@ class Attention(nn.Module):
         return {"k": (self.num_kv_heads, self.head_dim), "v": (self.num_kv_heads, self.head_dim)}
 
     def forward(self, x: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
-        return self._attend(self.q_proj(x), self.k_proj(x), self.v_proj(x), batch, cache)
+        return self._attend(*self.qkv(x), batch, cache)
 
     def forward_normed(self, norm: RMSNorm, x: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
         """forward(norm(x)); the norm fused with the q/k/v projections' input quantization where
         they all quantize alike (:func:`.norm.norm_quantized`)."""
-        a = norm_quantized(norm, (self.q_proj, self.k_proj, self.v_proj), x)
+        a = norm_quantized(norm, self.qkv.parts, x)
         if a is None:
             return self.forward(norm(x), batch, cache)
-        return self._attend(*(p.quantized(*a, x.dtype) for p in (self.q_proj, self.k_proj, self.v_proj)), batch, cache)
+        return self._attend(*self.qkv.quantized(*a, x.dtype), batch, cache)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
         t = q.shape[0]

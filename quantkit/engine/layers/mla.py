@@ -30,7 +30,7 @@ from ...kernels import mla_flashinfer
 from ...kernels.dispatch import AUTO, Dispatcher
 from ..batch import Batch
 from ..kv_cache import KVCache
-from ..qlinear import Linear, fuse_rows
+from ..qlinear import Linear, RowGroup
 from .attention import attend_batch
 from .norm import RMSNorm, norm_quantized
 from .rope import Rope
@@ -72,6 +72,8 @@ class MLA(nn.Module):
         if kv_b_proj.bias is not None:
             raise ValueError("MLA: kv_b_proj with a bias has no weight-absorbed decode (DeepSeek's has none)")
         self._absorbed: tuple[torch.dtype, torch.device, torch.Tensor, torch.Tensor] | None = None  # (dtype, device, W_UK, W_UV)
+        # q_a_proj (or q_proj) and kv_a_proj_with_mqa take the same input: one GEMM where they stack
+        self.qkv_a = RowGroup((q_proj if q_proj is not None else q_a_proj, kv_a_proj))
 
     def cache_spec(self) -> dict[str, tuple[int, ...]]:
         return {"kv": (self.rank,), "k_rot": (self.rope_dim,)}
@@ -121,40 +123,13 @@ class MLA(nn.Module):
         fused with the input quantization that the first query projection (q_a_proj, or q_proj) and
         kv_a_proj share, where they quantize alike (:func:`.norm.norm_quantized`); likewise q_a_layernorm
         with q_b_proj's."""
-        first = self.q_proj if self.q_proj is not None else self.q_a_proj
-        a = norm_quantized(norm, (first, self.kv_a_proj), x)
+        a = norm_quantized(norm, self.qkv_a.parts, x)
         if a is None:
             return self.forward(norm(x), batch, cache)
-        fused = self._fused_first()
-        if fused is None:
-            return self._forward(first.quantized(*a, x.dtype), self.kv_a_proj.quantized(*a, x.dtype), batch, cache)
-        return self._forward(*self._split_first(fused.quantized(*a, x.dtype)), batch, cache)
+        return self._forward(*self.qkv_a.quantized(*a, x.dtype), batch, cache)
 
     def forward(self, x: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
-        fused = self._fused_first()
-        if fused is None:
-            first = self.q_proj if self.q_proj is not None else self.q_a_proj
-            return self._forward(first(x), self.kv_a_proj(x), batch, cache)
-        return self._forward(*self._split_first(fused(x)), batch, cache)
-
-    def _fused_first(self) -> Linear | None:
-        """q_a_proj (or q_proj) and kv_a_proj_with_mqa as one projection (:func:`.qlinear.fuse_rows`: one GEMM
-        on the input they share, no weight held twice), made on first use and again if the parts' buffers
-        moved since (``.to``); None where they cannot stack."""
-        first = self.q_proj if self.q_proj is not None else self.q_a_proj
-        probe = next(iter(first.weight._buffers.values()))
-        key = (probe.device, probe.dtype, probe.data_ptr())
-        made = self.__dict__.get("_fused")  # not a registered submodule: its buffers are the parts' own storage
-        if made is None or made[0] != key:
-            fused = fuse_rows((first, self.kv_a_proj))
-            probe = next(iter(first.weight._buffers.values()))
-            made = self.__dict__["_fused"] = ((probe.device, probe.dtype, probe.data_ptr()), fused)
-        return made[1]
-
-    def _split_first(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        first = self.q_proj if self.q_proj is not None else self.q_a_proj
-        q0, kv_a = y.split([first.weight.shape[0], self.kv_a_proj.weight.shape[0]], dim=-1)
-        return q0.contiguous(), kv_a
+        return self._forward(*self.qkv_a(x), batch, cache)
 
     def _forward(self, q0: torch.Tensor, kv_a: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
         """The layer from its first projections: q0 = q_proj(x), or q_a_proj(x) (then q_a_layernorm and

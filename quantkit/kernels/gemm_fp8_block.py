@@ -12,8 +12,8 @@ The kernel and its launch come from a table by M (:data:`FP8_BLOCK_CONFIGS`, mea
   and at M = 33-64 where the wgmma kernel would have few tiles or a very long K (:func:`small_m_prefers_skinny`)
   or cannot run;
 * larger M: :mod:`.gemm_wgmma` on sm_90 (warp-specialised Gluon kernel, persistent 128x128
-  tiles; split-K at M = 65-128 where K is long and tiles few) where :func:`.gemm_wgmma.why_not` allows; elsewhere :mod:`.gemm_block_scaled`
-  (:func:`tiled_fallback`: grouped order, 64x128 tiles on one warpgroup up to M = 512, then
+  tiles; split-K at M = 65-128 where K is long and tiles few) where :func:`.gemm_wgmma.why_not`
+  allows; elsewhere :mod:`.gemm_block_scaled` (:func:`tiled_fallback`: grouped order, 64x128 tiles on one warpgroup up to M = 512, then
   128x128 on two with TMA loads when rows are 16-byte aligned, else pointer loads -- the table's
   rules; an explicit ``config`` the operands cannot take raises instead).
 

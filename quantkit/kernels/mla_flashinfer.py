@@ -21,6 +21,7 @@ function builds and plans one per call (plan copies indices to the host), so the
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any
 
@@ -85,7 +86,10 @@ def step_plan_ok(q_lat: torch.Tensor, q_rot: torch.Tensor) -> str | None:
         return f"FlashInfer's MLA kernels take rank {STEP_DIMS[0]} and rope {STEP_DIMS[1]}, got {q_lat.shape[-1]} and {q_rot.shape[-1]}"
     if q_lat.dtype not in STEP_DTYPES:
         return f"FlashInfer MLA runs in bf16 / fp16, got {q_lat.dtype}"
-    return missing()
+    return _missing()
+
+
+_missing = functools.cache(missing)  # asked by every MLA layer of every decode step: look the package up once
 
 
 def mla_decode(q_lat, q_rot, kv, k_rot, block_tables, context_lens, block_size, scale) -> torch.Tensor:

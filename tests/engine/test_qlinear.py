@@ -185,7 +185,7 @@ def test_fuse_rows_refuses_what_cannot_stack() -> None:
 def test_attention_runs_q_k_v_as_one_projection(monkeypatch: pytest.MonkeyPatch, hd: int, hq: int) -> None:
     """The GQA layer's q / k / v (GPT-OSS-like: biases, sinks, window) as one GEMM where they stack, with the
     same outputs as three, fused input norm included (bf16)."""
-    from quantkit.engine import Batch, KVCache
+    from quantkit.engine import KVCache
     from quantkit.engine import qlinear as qmod
     from quantkit.engine.layers.attention import Attention
     from quantkit.engine.layers.norm import RMSNorm
@@ -221,3 +221,31 @@ def test_attention_runs_q_k_v_as_one_projection(monkeypatch: pytest.MonkeyPatch,
     plain = run(plain_attn)
     assert plain_attn.qkv.fused() is None
     assert torch.equal(fused, plain)
+
+
+@pytest.mark.parametrize("inter", [256, 96])  # 96: FP8-block gate not whole scale tiles -> two GEMMs
+def test_mlp_runs_gate_and_up_as_one_projection(monkeypatch: pytest.MonkeyPatch, inter: int) -> None:
+    """Dense SwiGLU MLP (DeepSeek's shared experts: gate / up 2048 x 7168 each): one GEMM and one input
+    quantization where gate and up stack, the same outputs as two (bf16 with the fused SiLU-and-mul
+    quantization, and float32 through the unfused formula)."""
+    from quantkit.engine import qlinear as qmod
+    from quantkit.engine.layers.mlp import MLP
+
+    def mlp() -> MLP:
+        gen = torch.Generator().manual_seed(31)
+
+        def proj(n: int, k: int) -> Linear:
+            return Linear(Fp8Block(*fp8_block.quantize_weight(torch.randn(n, k, generator=gen) / k**0.5), ActQuant("fp8-block")))
+
+        return MLP(proj(inter, 192), proj(inter, 192), proj(192, inter))
+
+    x = torch.randn(7, 192, generator=torch.Generator().manual_seed(2))
+    fused_mlp = mlp()
+    fused = [fused_mlp(x.to(dt)) for dt in (torch.bfloat16, torch.float32)]
+    assert (fused_mlp.gate_up.fused() is not None) == (inter % 128 == 0)
+    monkeypatch.setattr(qmod, "fuse_rows", lambda parts: None)
+    plain_mlp = mlp()
+    plain = [plain_mlp(x.to(dt)) for dt in (torch.bfloat16, torch.float32)]
+    assert plain_mlp.gate_up.fused() is None
+    for f, p in zip(fused, plain, strict=True):
+        assert torch.equal(f, p)

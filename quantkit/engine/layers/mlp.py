@@ -1,4 +1,5 @@
-"""Dense SwiGLU MLP (Qwen3, DeepSeek's dense layers and shared experts): down(silu(gate(x)) * up(x)).
+"""Dense SwiGLU MLP (Qwen3, DeepSeek's dense layers and shared experts): down(silu(gate(x)) * up(x)),
+gate and up as one GEMM where their weights stack (:class:`.qlinear.RowGroup`).
 
 When the down projection quantizes its input (fp8-block / mxfp8 weights with dynamic activation
 quantization) and the activations are bfloat16, silu(g) * u and that quantization run as one op,
@@ -15,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..qlinear import Linear
+from ..qlinear import Linear, RowGroup
 
 FUSED_DTYPES = (torch.bfloat16,)  # activation dtypes where silu_mul_act_quant equals the unfused path
 
@@ -24,15 +25,17 @@ class MLP(nn.Module):
     def __init__(self, gate_proj: Linear, up_proj: Linear, down_proj: Linear) -> None:
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+        self.gate_up = RowGroup((gate_proj, up_proj))  # one GEMM (and one input quantization) where the two stack
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         act = self.down_proj.weight.act
         if act is None or x.dtype not in FUSED_DTYPES:
             return self.unfused(x)
-        g, u = self.gate_proj(x), self.up_proj(x)
+        g, u = self.gate_up(x)
         a, s = self.down_proj.weight.ops.call("silu_mul_act_quant", g, u, act.kind, act.scale_fmt, act.rule)
         return self.down_proj.quantized(a, s, g.dtype)
 
     def unfused(self, x: torch.Tensor) -> torch.Tensor:
         """down(silu(gate(x)) * up(x)) with torch's silu, the activation quantized inside ``down_proj``."""
-        return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        g, u = self.gate_up(x)
+        return self.down_proj(torch.nn.functional.silu(g) * u)

@@ -14,12 +14,13 @@ from torch import nn
 
 from .batch import Batch
 from .kv_cache import KVCache
+from .layers.mlp import MLP
 from .layers.norm import RMSNorm
 from .qlinear import Linear
 
 
 class DecoderLayer(nn.Module):
-    """x + attn(norm(x)), then x + mlp(norm(x)); attention modules take the norm (``forward_normed``)."""
+    """x + attn(norm(x)), then x + mlp(norm(x)); attention modules and dense MLPs take the norm (``forward_normed``)."""
 
     def __init__(self, attn: nn.Module, mlp: nn.Module, input_norm: RMSNorm, post_attn_norm: RMSNorm) -> None:
         super().__init__()
@@ -28,6 +29,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
         x = x + self.self_attn.forward_normed(self.input_layernorm, x, batch, cache)  # the norm may fuse with q/k/v's input quantization
+        if isinstance(self.mlp, MLP):  # dense: the norm may fuse with gate/up's input quantization
+            return x + self.mlp.forward_normed(self.post_attention_layernorm, x)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

@@ -1,5 +1,5 @@
-"""The attention input norm fused with the projections' activation quantization (q/k/v; MLA: q_a or q
-with kv_a, then q_a_layernorm with q_b) (``rmsnorm_act_quant``, :func:`quantkit.engine.layers.norm.norm_quantized`):
+"""The input norms fused with the projections' activation quantization (q/k/v; MLA: q_a or q with
+kv_a, then q_a_layernorm with q_b; a dense MLP's gate/up) (``rmsnorm_act_quant``, :func:`quantkit.engine.layers.norm.norm_quantized`):
 used where every projection quantizes alike and activations are bf16, off otherwise; its bytes against
 the unfused norm + act_quant, and a whole model's logits with and without it."""
 
@@ -13,6 +13,7 @@ import torch
 from quantkit.engine import load
 from quantkit.engine.layers import attention as attention_mod
 from quantkit.engine.layers import mla as mla_mod
+from quantkit.engine.layers import mlp as mlp_mod
 from quantkit.engine.layers.norm import RMSNorm, norm_quantized
 from quantkit.engine.qlinear import ActQuant
 from quantkit.formats import fp8_block, mxfp8
@@ -68,6 +69,7 @@ def test_model_logits_with_and_without_the_fused_norm(tiny, tmp_path: Path, monk
     assert "rmsnorm_act_quant" in fused_model.ops.ran
     monkeypatch.setattr(attention_mod, "norm_quantized", lambda *a: None)
     monkeypatch.setattr(mla_mod, "norm_quantized", lambda *a: None)
+    monkeypatch.setattr(mlp_mod, "norm_quantized", lambda *a: None)
     plain_model = load(q, "cpu", torch.bfloat16, backend="torch")
     plain = run(plain_model)
     assert "rmsnorm_act_quant" not in plain_model.ops.ran
@@ -76,3 +78,25 @@ def test_model_logits_with_and_without_the_fused_norm(tiny, tmp_path: Path, monk
     f32 = load(q, "cpu", torch.float32, backend="torch")
     run(f32)
     assert "rmsnorm_act_quant" not in f32.ops.ran  # float32 keeps the unfused path (exact against transformers)
+
+
+def test_dense_mlp_fuses_its_input_norm() -> None:
+    """A dense MLP's forward_normed: one rmsnorm_act_quant for gate / up in bf16 (close to norm then the
+    projections' own quantization), exactly forward(norm(x)) in float32."""
+    from quantkit.engine.layers.mlp import MLP
+    from quantkit.engine.qlinear import Fp8Block, Linear
+
+    gen = torch.Generator().manual_seed(41)
+
+    def proj(n: int, k: int) -> Linear:
+        return Linear(Fp8Block(*fp8_block.quantize_weight(torch.randn(n, k, generator=gen) / k**0.5), ActQuant("fp8-block")))
+
+    mlp = MLP(proj(256, 192), proj(256, 192), proj(192, 256))
+    norm = RMSNorm(1 + 0.1 * torch.randn(192, generator=gen), 1e-6, "f32")
+    x = torch.randn(5, 192, generator=gen)
+    assert torch.equal(mlp.forward_normed(norm, x), mlp(norm(x)))  # float32: no fused op
+    assert "rmsnorm_act_quant" not in mlp.gate_proj.weight.ops.ran
+    xb = x.to(torch.bfloat16)
+    fused, plain = mlp.forward_normed(norm, xb), mlp(norm(xb))
+    assert mlp.gate_proj.weight.ops.ran["rmsnorm_act_quant"] == "torch"
+    assert (fused.float() - plain.float()).abs().max().item() <= 0.05 * plain.float().abs().max().item()

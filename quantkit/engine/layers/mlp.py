@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..qlinear import Linear, RowGroup
+from .norm import RMSNorm, norm_quantized
 
 FUSED_DTYPES = (torch.bfloat16,)  # activation dtypes where silu_mul_act_quant equals the unfused path
 
@@ -31,7 +32,21 @@ class MLP(nn.Module):
         act = self.down_proj.weight.act
         if act is None or x.dtype not in FUSED_DTYPES:
             return self.unfused(x)
-        g, u = self.gate_up(x)
+        return self._down(*self.gate_up(x))
+
+    def forward_normed(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        """forward(norm(x)), the norm fused with gate / up's input quantization where they quantize alike
+        (:func:`.norm.norm_quantized`, as the attention layers' inputs)."""
+        a = None
+        if self.down_proj.weight.act is not None and x.dtype in FUSED_DTYPES:
+            a = norm_quantized(norm, self.gate_up.parts, x)
+        if a is None:
+            return self(norm(x))
+        return self._down(*self.gate_up.quantized(*a, x.dtype))
+
+    def _down(self, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """down(silu(g) * u) with the product quantized by ``silu_mul_act_quant`` (bf16, quantizing down_proj)."""
+        act = self.down_proj.weight.act
         a, s = self.down_proj.weight.ops.call("silu_mul_act_quant", g, u, act.kind, act.scale_fmt, act.rule)
         return self.down_proj.quantized(a, s, g.dtype)
 

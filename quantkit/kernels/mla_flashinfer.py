@@ -14,9 +14,9 @@ ours), q and kv dtypes.  Its kernels are compiled for DeepSeek's dims (rank 512,
 :class:`MLADecode` plans once per batch layout and runs per layer: the engine's MLA layers
 (:mod:`quantkit.engine.layers.mla`) share one through their dispatcher and re-plan it when a new
 step's batch arrives (:meth:`MLADecode.plan_for`), wherever :func:`step_plan_ok` allows, under
-``backend="auto"`` or ``"flashinfer"``.  The registered op
-function builds and plans one per call (plan copies indices to the host), so the dispatcher's
-``auto`` never picks it; ask for ``backend="flashinfer"`` explicitly.
+``backend="auto"`` or ``"flashinfer"``.  The registered op function builds and plans one per call
+(plan copies indices to the host), so the dispatcher's ``auto`` never picks it; ask for
+``backend="flashinfer"`` explicitly.
 """
 
 from __future__ import annotations
@@ -74,18 +74,18 @@ class MLADecode:
 
 
 STEP_DIMS = (512, 64)  # (rank, rope) FlashInfer 0.5's MLA kernels are built for (DeepSeek-V2/V3's)
-STEP_DTYPES = (torch.bfloat16, torch.float16)
+STEP_DTYPES = (torch.bfloat16,)  # the dtype the H200 runs checked (docs/benchmarks.md, thirteenth pass)
 
 
 def step_plan_ok(q_lat: torch.Tensor, q_rot: torch.Tensor) -> str | None:
     """None when a per-step :class:`MLADecode` can serve these queries (CUDA, FlashInfer installed,
-    DeepSeek's latent dims, a 16-bit dtype), else why not."""
+    DeepSeek's latent dims, bf16), else why not."""
     if q_lat.device.type != "cuda":
         return f"FlashInfer runs on CUDA devices, got {q_lat.device.type}"
     if (q_lat.shape[-1], q_rot.shape[-1]) != STEP_DIMS:
         return f"FlashInfer's MLA kernels take rank {STEP_DIMS[0]} and rope {STEP_DIMS[1]}, got {q_lat.shape[-1]} and {q_rot.shape[-1]}"
     if q_lat.dtype not in STEP_DTYPES:
-        return f"FlashInfer MLA runs in bf16 / fp16, got {q_lat.dtype}"
+        return f"the per-step FlashInfer MLA path runs in bf16, got {q_lat.dtype}"
     return _missing()
 
 

@@ -312,7 +312,7 @@ def test_flashinfer_step_plan_rules():
     assert "CUDA" in step_plan_ok(*q(512, 64))
     if HAS_CUDA:
         assert "rank 512 and rope 64" in step_plan_ok(*q(32, 16, dev="cuda"))
-        assert "bf16 / fp16" in step_plan_ok(*q(512, 64, torch.float32, "cuda"))
+        assert "runs in bf16" in step_plan_ok(*q(512, 64, torch.float16, "cuda"))
 
 
 def test_engine_layer_runs_q_and_kv_a_as_one_projection(monkeypatch):

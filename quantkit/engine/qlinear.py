@@ -233,7 +233,7 @@ def fuse_rows(parts: Sequence[Linear]) -> Linear | None:
     lo = 0
     for w in ws:  # each part now reads its rows of the fused buffers
         for name, rows in ROW_BUFFERS[w0.fmt]:
-            w._buffers[name] = getattr(fused, name)[lo // rows : -(-(lo + w.shape[0]) // rows)]
+            setattr(w, name, getattr(fused, name)[lo // rows : -(-(lo + w.shape[0]) // rows)])  # a registered buffer: replaced
         lo += w.shape[0]
     bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])
     return Linear(fused, bias)
@@ -250,7 +250,7 @@ class RowGroup:
         self._made: tuple[tuple, Linear | None] | None = None
 
     def _key(self) -> tuple:
-        t = next(iter(self.parts[0].weight._buffers.values()))
+        t = next(self.parts[0].weight.buffers())
         return (t.device, t.dtype, t.data_ptr())
 
     def fused(self) -> Linear | None:

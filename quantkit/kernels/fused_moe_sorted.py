@@ -211,7 +211,7 @@ def wgmma_why_not(w13: ExpertWeights, w2: ExpertWeights, spec: MoeSpec, block_m:
 def sorted_gemm_wgmma(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: torch.Tensor, al: Alignment, n_slots: int,
                       spec: MoeSpec, gated: bool, act: int, stages: int, group_m: int) -> None:  # fmt: skip
     """:func:`sorted_gemm` (FP8-block) on the warp-specialised Gluon kernel
-    (:func:`.gemm_wgmma_gluon.moe_gemm_ws`), same products and epilogue: 128-row expert blocks,
+    (:func:`.gemm_wgmma_moe_gluon.moe_gemm_ws`), same products and epilogue: 128-row expert blocks,
     each consumer warpgroup 64 rows against 128 weight rows, or 64-row blocks (half the padding),
     both warpgroups on every row, each against its own 128 of 256 weight rows (gated: 64
     intermediate columns per warpgroup, interleaved or as 64-row gate and up pieces);
@@ -232,7 +232,7 @@ def sorted_gemm_wgmma(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: 
     ws = w.scale
     tiles = cdiv(cap, bm) * cdiv(n_out, bn_wg * (2 if split else 1))
     grid = (min(tiles, sm_count(out.device)),)
-    gemm_wgmma.kernels().moe_gemm_ws[grid](
+    gemm_wgmma.moe_kernels().moe_gemm_ws[grid](
         a_desc, w_desc, sa, ws, bias, out, al.sorted_ids, al.expert_ids, al.num_padded, n_slots, cap, n_out, nw, k,
         n_out if halves else 0, spec.alpha, spec.limit, sa.stride(0), ws.stride(0), ws.stride(1), ws.stride(2), bias.stride(0), out.stride(0),
         BM=bm, BN_WG=bn_wg, BK=BLOCK_K, STAGES=stages, UNROLL=2 if halves else 4, GROUP=group_m,

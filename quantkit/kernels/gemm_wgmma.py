@@ -78,6 +78,14 @@ def kernels() -> ModuleType:
     return gemm_wgmma_gluon
 
 
+@functools.cache
+def moe_kernels() -> ModuleType:
+    """The fused MoE's Gluon kernels (:mod:`.gemm_wgmma_moe_gluon`), imported on first use."""
+    from . import gemm_wgmma_moe_gluon
+
+    return gemm_wgmma_moe_gluon
+
+
 def gluon_missing() -> str | None:
     """Why this Triton cannot build the kernel (None when it can)."""
     try:

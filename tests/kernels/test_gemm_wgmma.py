@@ -87,10 +87,10 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
-from quantkit.kernels import gemm_wgmma_gluon as g
+from quantkit.kernels import gemm_wgmma_gluon, gemm_wgmma_moe_gluon
 
 out, spec = sys.argv[1], json.loads(sys.argv[2])
-fn = getattr(g, spec["fn"])
+fn = getattr(gemm_wgmma_moe_gluon if spec["fn"].startswith("moe_") else gemm_wgmma_gluon, spec["fn"])
 dt = {"fp8e4nv": gl.float8e4nv, "bf16": gl.bfloat16}
 def ty(t):
     if isinstance(t, list):  # a TMA descriptor: [dtype, rows, cols]

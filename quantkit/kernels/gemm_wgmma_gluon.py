@@ -239,7 +239,6 @@ def _consumer(
     count_ptr,
     M,
     N,
-    K,
     sasm,
     sask,
     swsn,
@@ -337,9 +336,9 @@ def fp8_block_gemm_ws(
         c1 = a_smem
     n_k = gl.cdiv(K, BK)
     gl.warp_specialize([
-        (_consumer, (a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, c_ptr, c_desc, c0, part_ptr, count_ptr, M, N, K, sasm,
+        (_consumer, (a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, c_ptr, c_desc, c0, part_ptr, count_ptr, M, N, sasm,
                      sask, swsn, swsk, scm, n_k, SPLITS, KPER, 0, BM, BN, STAGES, UNROLL, GROUP, HAS_BIAS, TMA_STORE, SPLIT_K)),
-        (_consumer, (a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, c_ptr, c_desc, c1, part_ptr, count_ptr, M, N, K, sasm,
+        (_consumer, (a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, c_ptr, c_desc, c1, part_ptr, count_ptr, M, N, sasm,
                      sask, swsn, swsk, scm, n_k, SPLITS, KPER, 1, BM, BN, STAGES, UNROLL, GROUP, HAS_BIAS, TMA_STORE, SPLIT_K)),
         (_loader, (a_desc, w_desc, a_smem, w_smem, ready, empty, M, N, n_k, SPLITS, KPER, BM, BN, BK, STAGES, GROUP)),
     ], [4, 1], [REGS, LOADER_REGS])  # fmt: skip

@@ -50,7 +50,8 @@ from .group_quant import act_quant_fp8_block, mxfp8_quantize
 from .moe_common import add_bias, moe_activation, moe_mma
 from .moe_routing import Alignment, align
 from .triton_numerics import (
-    PRIORITY, abs_max, available, bf16_round, cdiv, divide, e4m3_code, e8m0_decode, e8m0_decode_lean, e8m0_exponent, fp8_block_scale, hw_e4m3, interpreted, next_pow2, pow2,
+    PRIORITY, abs_max, available, bf16_round, cdiv, divide, e4m3_code, e8m0_decode, e8m0_decode_lean, e8m0_exponent, fp8_block_scale, hw_e4m3, interpreted, next_pow2, pdl_enter,
+    pdl_ok, pow2,
 )  # fmt: skip
 
 BLOCK_K = 128
@@ -78,6 +79,7 @@ class MoeConfig:
     wgmma: bool = False  # sorted rows, FP8-block, 64- or 128-row blocks: the warp-specialised Gluon kernel (sm_90), num_stages its ring
     diag: bool = False  # gathered rows, MX experts, activations quantized once, no upcast: one block-diagonal fp8 dot per 128 columns
     block_k: int = 128  # gathered rows, FP8-block experts (MX experts keep 128): K columns per step, 128 or 256 (two promoted blocks)
+    pdl: bool = False  # gathered rows: the six launches as programmatic dependents (compiled sm_90+; pdl_enter)
 
     def name(self) -> str:
         flags = ("/up" if self.upcast else "") + ("/fq" if self.fuse_quant else "") + (f"/s{self.split_k}" if self.split_k else "")
@@ -86,6 +88,7 @@ class MoeConfig:
         flags += "/wgmma" if self.wgmma else ""
         flags += "/diag" if self.diag else ""
         flags += f"/bk{self.block_k}" if self.block_k != BLOCK_K else ""
+        flags += "/pdl" if self.pdl else ""
         return f"{self.block_m}x{self.block_n1}/{self.block_n2}/w{self.num_warps}/st{self.num_stages}{flags}"
 
 
@@ -106,10 +109,12 @@ class MoeConfig:
 # weight bytes in flight per stage; Nsight Compute had GEMM 1 at 61% and GEMM 2 at 42% of DRAM peak at T = 1) against
 # 128 on 4: GPT-OSS-120B 0.94 / 0.95 / 1.03 / 1.06 / 1.07 / 1.07 / 1.07x at T = 1 / 2 / 4 / 8 / 16 / 64 / 128, DeepSeek-V3
 # 0.95 / 1.12 / 1.07 / 1.03 / 1.05 / 1.05 / 1.02x; at T = 512 (the 32-row row) 1.04 / 0.98x, not taken; 4 stages or 8 warps
-# with 256-column steps: slower or no better.
+# with 256-column steps: slower or no better.  Fourteenth pass: the six launches as programmatic dependents (``pdl``), outputs
+# identical, two runs: GPT-OSS-120B 1.04 / 1.03 / 1.01 / 1.00x at T = 1 / 4 / 16 / 64 (45.1 -> 43.2 us at T = 1), DeepSeek-V3
+# 1.00 / 1.01 / 1.00 / 0.99-1.00x; MX experts 1.01-1.05x at T = 1 / 4 / 16: on in the rows to 0.5 pairs per expert and the MX rows.
 MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
-    (1 / 32, MoeConfig(16, 32, 128, num_warps=4, num_stages=4)),  # one token: 4 of 128 / 8 of 256 experts
-    (0.5, MoeConfig(16, 32, 128, num_warps=4, num_stages=3, block_k=256)),
+    (1 / 32, MoeConfig(16, 32, 128, num_warps=4, num_stages=4, pdl=True)),  # one token: 4 of 128 / 8 of 256 experts
+    (0.5, MoeConfig(16, 32, 128, num_warps=4, num_stages=3, block_k=256, pdl=True)),
     (8, MoeConfig(16, 64, 64, num_warps=4, num_stages=3, block_k=256)),  # GPT-OSS-120B T=128: 0.871 ms vs 1.019 (16x32/32), 0.822 with bk256
     (48, MoeConfig(32, 64, 64, num_warps=4, num_stages=4)),
     (160, MoeConfig(64, 64, 128, num_warps=4, num_stages=3)),
@@ -131,8 +136,8 @@ MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
 # K split for 4 programs per SM (``waves`` 4) at the fewest tokens: GPT-OSS-120B T = 1 51.5 us against 60.3 with 1 (DeepSeek-V3
 # 109.2 against 112.1), T = 4 / 16 unchanged; 2 / 8 / 16 per SM 0.89-1.06x.
 MX_DECODE: tuple[tuple[float, MoeConfig], ...] = (
-    (2, MoeConfig(4, 32, 64, num_warps=2, num_stages=3, waves=4, diag=True)),
-    (16, MoeConfig(8, 64, 64, num_warps=2, num_stages=3, diag=True)),
+    (2, MoeConfig(4, 32, 64, num_warps=2, num_stages=3, waves=4, diag=True, pdl=True)),
+    (16, MoeConfig(8, 64, 64, num_warps=2, num_stages=3, diag=True, pdl=True)),
 )
 # Triton sorted-row tiles: 1.30x (GPT-OSS-120B) / 1.11x (DeepSeek-V3) the same tiles on gathered
 # rows, which were 1.13x / 1.11x the 128x64/128 w8 ones
@@ -284,11 +289,12 @@ def _moe_gemm_kernel(
     W_UNIFORM: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr,
     QMODE: tl.constexpr, RCEIL: tl.constexpr, HW_CAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr,
-    GROUP_M: tl.constexpr, HAS_SPLIT: tl.constexpr, DIAG: tl.constexpr,
+    GROUP_M: tl.constexpr, HAS_SPLIT: tl.constexpr, DIAG: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """out[slot, :N] for one BLOCK_M block of slots (one expert) and BLOCK_N output columns;
     program_id(1) picks the split of K (``kb_per_split`` BLOCK_K-column blocks each).  DIAG (MX experts, activations
     quantized): the transposed block-diagonal product of :func:`_moe_step_diag`."""
+    pdl_enter(PDL)
     pid_m, pid_n = tile_coords(tl.program_id(0), EM, N, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(npad_ptr):
         return
@@ -336,8 +342,9 @@ def _moe_gemm_kernel(
 
 
 @triton.jit
-def _combine_kernel(y_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, ROUND: tl.constexpr, BLOCK_H: tl.constexpr):
+def _combine_kernel(y_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, ROUND: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False):
     """out[t] = sum_j float32(y[t*k + j]) * w[t, j], j in order; y [T*k, H], w float32 [T, k]."""
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = offs < H
@@ -348,15 +355,15 @@ def _combine_kernel(y_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, ROUND: tl.con
     tl.store(out_ptr + t * H + offs, bf16_round(acc, ROUND).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _quant(x: torch.Tensor, fmt: str, spec: MoeSpec) -> tuple[torch.Tensor, torch.Tensor]:
+def _quant(x: torch.Tensor, fmt: str, spec: MoeSpec, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row activation quantization: (E4M3 [R, K], F32 [R, ceil(K/128)] or U8 [R, K/32])."""
     if fmt == "fp8-block":
-        return act_quant_fp8_block(x, spec.scale_fmt, spec.rule)
-    return mxfp8_quantize(x, spec.rule)
+        return act_quant_fp8_block(x, spec.scale_fmt, spec.rule, pdl=pdl)
+    return mxfp8_quantize(x, spec.rule, pdl=pdl)
 
 
 def _gemm(a: torch.Tensor, sa: torch.Tensor | None, w: ExpertWeights, out: torch.Tensor, al: Alignment, n_slots: int,
-          top_k: int, spec: MoeSpec, gated: bool, block_n: int, cfg: MoeConfig) -> None:  # fmt: skip
+          top_k: int, spec: MoeSpec, gated: bool, block_n: int, cfg: MoeConfig, pdl: bool = False) -> None:  # fmt: skip
     """Launch one grouped GEMM (gated: GEMM 1 with the activation; else GEMM 2).  ``sa`` None:
     ``a`` is x.dtype and each program quantizes it (``cfg.fuse_quant``)."""
     _, nw, k = w.shape
@@ -395,7 +402,7 @@ def _gemm(a: torch.Tensor, sa: torch.Tensor | None, w: ExpertWeights, out: torch
         UPCAST=cfg.upcast, UP_DTYPE=tl.float32 if interpreted() else tl.bfloat16,
         QMODE=qmode, RCEIL=spec.rule == "rceil", HW_CAST=hw_e4m3(a.device),
         BLOCK_M=al.block_m, BLOCK_N=block_n, BLOCK_K=block_k, SUB_K=128 if fp8b else 32,
-        GROUP_M=cfg.group_m, HAS_SPLIT=split > 1, DIAG=diag, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GROUP_M=cfg.group_m, HAS_SPLIT=split > 1, DIAG=diag, PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )  # fmt: skip
 
 
@@ -437,27 +444,31 @@ def fused_moe(
     out = torch.empty((t, h), dtype=x.dtype, device=x.device)  # [T, H]
     if n == 0:
         return out
-    al = align(topk_ids, e, cfg.block_m)
+    sorted_rows = cfg.sorted_rows and sorted_ok(w13, w2, spec, cfg.block_n1, cfg.block_n2, cfg.upcast)
+    # the gathered-row chain (align, quantize, GEMM 1, quantize, GEMM 2, combine) as programmatic dependents: each
+    # launch overlaps its predecessor's tail (pdl_enter)
+    pdl = cfg.pdl and not sorted_rows and pdl_ok(x.device)
+    w = topk_weights.to(torch.float32).contiguous()
+    al = align(topk_ids, e, cfg.block_m, pdl)
     y = torch.empty((n, h), dtype=x.dtype, device=x.device)  # [T*k, H], slot order
-    if cfg.sorted_rows and sorted_ok(w13, w2, spec, cfg.block_n1, cfg.block_n2, cfg.upcast):
+    if sorted_rows:
         _experts_sorted(x.contiguous(), w13, w2, spec, al, k, cfg, y)
     else:
-        _experts_gathered(x.contiguous(), w13, w2, spec, al, k, cfg, y)
+        _experts_gathered(x.contiguous(), w13, w2, spec, al, k, cfg, y, pdl)
     block_h = min(1024, next_pow2(h))
-    w = topk_weights.to(torch.float32).contiguous()
-    _combine_kernel[(t, cdiv(h, block_h))](y, w, out, h, TOP_K=k, ROUND=x.dtype == torch.bfloat16, BLOCK_H=block_h)
+    _combine_kernel[(t, cdiv(h, block_h))](y, w, out, h, TOP_K=k, ROUND=x.dtype == torch.bfloat16, BLOCK_H=block_h, PDL=pdl, launch_pdl=pdl)
     return out
 
 
-def _experts_gathered(x, w13, w2, spec, al, k, cfg, y) -> None:
+def _experts_gathered(x, w13, w2, spec, al, k, cfg, y, pdl: bool = False) -> None:
     """Both GEMMs on gathered token rows (the module docstring's steps 1-4) -> y [T*k, H]."""
     n, inter = y.shape[0], w2.q.shape[2]
-    quant = (lambda t_: (t_, None)) if cfg.fuse_quant else (lambda t_: _quant(t_, w13.fmt, spec))  # noqa: E731
+    quant = (lambda t_: (t_, None)) if cfg.fuse_quant else (lambda t_: _quant(t_, w13.fmt, spec, pdl))  # noqa: E731
     a, sa = quant(x)  # once per token: E4M3 [T, H]
     mid = torch.empty((n, inter), dtype=x.dtype, device=x.device)  # [T*k, I], slot order
-    _gemm(a, sa, w13, mid, al, n, k, spec, True, cfg.block_n1, cfg)
+    _gemm(a, sa, w13, mid, al, n, k, spec, True, cfg.block_n1, cfg, pdl)
     mq, ms = quant(mid)
-    _gemm(mq, ms, w2, y, al, n, 1, spec, False, cfg.block_n2, cfg)
+    _gemm(mq, ms, w2, y, al, n, 1, spec, False, cfg.block_n2, cfg, pdl)
 
 
 def _experts_sorted(x, w13, w2, spec, al, k, cfg, y) -> None:

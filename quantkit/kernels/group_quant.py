@@ -37,6 +37,7 @@ from .triton_numerics import (
     fp8_block_scale,
     hw_e4m3,
     next_pow2,
+    pdl_enter,
     pow2,
     random20,
     stream_key_i32,
@@ -69,7 +70,9 @@ def _group_quant_kernel(
     x_ptr, q_ptr, s_ptr, M, K, n_groups, k0, k1, offset,
     G: tl.constexpr, BLOCK_M: tl.constexpr, GROUPS: tl.constexpr,
     MODE: tl.constexpr, RCEIL: tl.constexpr, STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr, WRAP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_enter(PDL)
     row0 = tl.program_id(0).to(tl.int64) * BLOCK_M
     grp0 = tl.program_id(1) * GROUPS
     base = row0 * K + grp0 * G  # flat index of the tile's first element, int64
@@ -101,7 +104,7 @@ def _group_quant_kernel(
 
 def _launch(
     x: torch.Tensor, group: int, mode: int, rule: str, rounding: Rounding, scale_dtype: torch.dtype,
-    tile: tuple[int, int], num_warps: int, hw_cast: bool | None,
+    tile: tuple[int, int], num_warps: int, hw_cast: bool | None, pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     e8m0.check_rule(rule)
     check_input(x, "group quantization input")
@@ -120,7 +123,8 @@ def _launch(
         _group_quant_kernel[grid](
             x, q.view(torch.uint8), s, m, k, n_groups, k0, k1, rounding.offset,
             G=group, BLOCK_M=block_m, GROUPS=groups, MODE=mode, RCEIL=rule == "rceil",
-            STOCHASTIC=rounding.stochastic, WRAP=rounding.stochastic and wraps(rounding.offset, x.numel()), HW_CAST=hw_e4m3(x.device, hw_cast), num_warps=num_warps,
+            STOCHASTIC=rounding.stochastic, WRAP=rounding.stochastic and wraps(rounding.offset, x.numel()), HW_CAST=hw_e4m3(x.device, hw_cast),
+            PDL=pdl, num_warps=num_warps, launch_pdl=pdl,
         )  # fmt: skip
     return q, s
 
@@ -135,15 +139,17 @@ def mxfp8_quantize(
     tile: tuple[int, int] = (4, 32),
     num_warps: int = 4,
     hw_cast: bool | None = None,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., K] -> (F8_E4M3 [..., K], U8 E8M0 [..., K/32]).
 
-    ``tile`` = (rows, groups) per program; ``hw_cast``: E4M3 by the hardware cast (None: where exact).
+    ``tile`` = (rows, groups) per program; ``hw_cast``: E4M3 by the hardware cast (None: where exact);
+    ``pdl``: launched as a programmatic dependent (:func:`.triton_numerics.pdl_enter`; compiled sm_90+ only).
     """
     k = x.shape[-1]
     if k % mxfp8.BLOCK:
         raise ValueError(f"MXFP8 needs K to be a multiple of {mxfp8.BLOCK}, got {k}")
-    return _launch(x, mxfp8.BLOCK, MODE_MX, rule, rounding, torch.uint8, tile, num_warps, hw_cast)
+    return _launch(x, mxfp8.BLOCK, MODE_MX, rule, rounding, torch.uint8, tile, num_warps, hw_cast, pdl)
 
 
 @dispatch.backend("act_quant_fp8_block", "triton", available=available, priority=PRIORITY)
@@ -156,9 +162,11 @@ def act_quant_fp8_block(
     tile: tuple[int, int] = (8, 4),
     num_warps: int = 4,
     hw_cast: bool | None = None,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., K] -> (F8_E4M3 [..., K], F32 scales [..., ceil(K/group)]), DeepSeek act_quant."""
+    """[..., K] -> (F8_E4M3 [..., K], F32 scales [..., ceil(K/group)]), DeepSeek act_quant; ``pdl`` as in
+    :func:`mxfp8_quantize`."""
     if scale_fmt not in fp8_block.SCALE_FMTS:
         raise ValueError(f"scale format must be one of {fp8_block.SCALE_FMTS}, not {scale_fmt!r}")
     mode = MODE_UE8M0 if scale_fmt == "ue8m0" else MODE_FLOAT
-    return _launch(x, group, mode, rule, NEAREST, torch.float32, tile, num_warps, hw_cast)
+    return _launch(x, group, mode, rule, NEAREST, torch.float32, tile, num_warps, hw_cast, pdl)

@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_numerics import cdiv, next_pow2
+from .triton_numerics import cdiv, next_pow2, pdl_enter
 
 RULES = ("topk_softmax", "softmax_topk", "grouped_sigmoid")
 
@@ -170,9 +170,10 @@ SMALL_N_MAX = 128
 @triton.jit
 def _align_small_kernel(
     ids_ptr, sorted_ptr, expert_ptr, npad_ptr, n, E, cap, n_blocks,
-    N: tl.constexpr, BLOCK_M: tl.constexpr, FILL: tl.constexpr,
+    N: tl.constexpr, BLOCK_M: tl.constexpr, FILL: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """One program for n <= N pairs, work in n**2 not E: ranks, counts and starts by pairwise compares."""
+    pdl_enter(PDL)
     i = tl.arange(0, N)
     raw = tl.load(ids_ptr + i, mask=i < n, other=0)  # int32 or int64, checked before narrowing
     tl.device_assert((raw >= 0) & (raw < E), "expert id out of range [0, E)")
@@ -204,9 +205,10 @@ def _check_range(ids: torch.Tensor, num_experts: int) -> None:
         raise RuntimeError(f"index {int(bad[0])} is out of bounds for dimension 0 with size {num_experts}")
 
 
-def align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
+def align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int, pdl: bool = False) -> Alignment:
     """:func:`align_torch` in one Triton launch (the same bytes): the pairwise kernel for
-    n <= ``SMALL_N_MAX`` pairs, else the per-expert one."""
+    n <= ``SMALL_N_MAX`` pairs, else the per-expert one.  ``pdl``: the pairwise kernel is launched as a
+    programmatic dependent (:func:`.triton_numerics.pdl_enter`)."""
     n = _check_ids(topk_ids, num_experts, block_m)
     ids = topk_ids.reshape(-1).contiguous()  # [n], int32 or int64: the kernels read either
     _check_range(ids, num_experts)
@@ -222,7 +224,7 @@ def align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alig
         warps = max(4, n_p2 * n_p2 // 1024)  # at most 32 values of an [N, N] tile per thread
         fill = min(2048, n_p2 * block_m)  # padding rows per store; cap <= n * BLOCK_M
         _align_small_kernel[(1,)](ids, *out, n, num_experts, cap, cap // block_m,
-                                  N=n_p2, BLOCK_M=block_m, FILL=fill, num_warps=warps, **opts)  # fmt: skip
+                                  N=n_p2, BLOCK_M=block_m, FILL=fill, PDL=pdl, num_warps=warps, launch_pdl=pdl, **opts)  # fmt: skip
     else:
         e_p2 = next_pow2(num_experts)  # masked entries read E_P2, which matches no column
         chunk = max(16, min(1024, 16384 // e_p2))  # [chunk, E_P2] compare tiles; one compile per E
@@ -234,10 +236,10 @@ def align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alig
 ONE_PROGRAM_MAX = 2**19  # pairs x experts (padded): above it the one-program kernel is slower than the torch sort
 
 
-def align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
+def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, pdl: bool = False) -> Alignment:
     """:func:`align_triton` (one launch: decode, and any E for n <= ``SMALL_N_MAX``) or
-    :func:`align_torch` (sort: prefill); the same bytes."""
+    :func:`align_torch` (sort: prefill); the same bytes.  ``pdl``: see :func:`align_triton`."""
     n = topk_ids.numel()
     if n <= SMALL_N_MAX or n * next_pow2(num_experts) <= ONE_PROGRAM_MAX:
-        return align_triton(topk_ids, num_experts, block_m)
+        return align_triton(topk_ids, num_experts, block_m, pdl)
     return align_torch(topk_ids, num_experts, block_m)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import libdevice
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait, libdevice
 from triton.runtime.interpreter import InterpretedFunction
 
 from ..formats import rounding
@@ -214,6 +214,16 @@ def e4m3_code_stochastic_hw(v, r):
 
 
 @triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """A kernel launched with ``launch_pdl`` (programmatic dependent launch, sm_90+) starts while its predecessor
+    runs: wait here, before any load or store, until the predecessor has finished and its writes are visible, then
+    let this kernel's own dependent start launching (it waits likewise).  Only the launch overlaps; nothing else."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+@triton.jit
 def mix32(x):
     """lowbias32 on uint32 (formats.rounding.mix32)."""
     x = x ^ (x >> 16)
@@ -270,6 +280,11 @@ def cdiv(a: int, b: int) -> int:
 def next_pow2(n: int) -> int:
     """Host ``triton.next_power_of_2`` (same values, 0 -> 0), without its call machinery."""
     return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+def pdl_ok(device: torch.device) -> bool:
+    """Whether kernels on ``device`` may be launched as programmatic dependents (compiled, NVIDIA sm_90+)."""
+    return not interpreted() and device.type == "cuda" and torch.version.hip is None and capability(device) >= (9, 0)
 
 
 def hw_e4m3(device: torch.device, requested: bool | None = None) -> bool:

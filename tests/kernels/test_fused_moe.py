@@ -269,6 +269,7 @@ CASES = [
     ("mxfp8", GPT_OSS, 4, 256, 256, 5, 2, 1.0, MoeConfig(16, 32, 32)),  # MX, one promoted dot per 32 columns
     # MX, block-diagonal dots (32-row weight tiles: mma.sync, full float32 accumulation on the H200)
     ("mxfp8", GPT_OSS, 4, 256, 256, 5, 2, 1.0, MoeConfig(16, 32, 32, diag=True)),
+    ("fp8-block", GPT_OSS, 4, 256, 256, 1, 2, 1.0, MoeConfig(16, 32, 128, num_stages=4, pdl=True)),  # launch flag only: ignored interpreted
     ("mxfp8", GPT_OSS, 3, 160, 96, 9, 2, 20.0, MoeConfig(4, 32, 32, diag=True)),  # 4-row blocks, masked K tail, partial tiles
     ("mxfp8", SILU, 3, 160, 96, 40, 2, 1.0, MoeConfig(8, 32, 32, diag=True)),  # 8-row blocks, concatenated gate/up
     ("mxfp8", SILU, 4, 256, 256, 5, 2, 1.0, MoeConfig(16, 64, 64, upcast=True)),
@@ -395,6 +396,7 @@ def test_wgmma_rules_and_fallback(triton_device, gen, monkeypatch):
     assert "sorted-row rules" in wgmma_why_not(odd13, odd2, SILU, 128, cpu)  # concatenated gate/up, I = 96
     assert wgmma_why_not(w13, w2, GPT_OSS, 128, cpu) in ("Gluon kernels do not run in Triton's CPU interpreter", "wgmma needs an NVIDIA GPU, got cpu")
     assert MoeConfig(128, 64, 128, num_stages=5, sorted_rows=True, wgmma=True).name() == "128x64/128/w4/st5/sorted/wgmma"
+    assert MoeConfig(16, 32, 128, num_stages=4, pdl=True).name() == "16x32/128/w4/st4/pdl"
     wg = MoeConfig(32, 64, 128, sorted_rows=True, wgmma=True)  # 32-row blocks: refused on every machine, the H200 included
     x = torch.randn(40, 128, generator=gen).to(torch.bfloat16)
     w, ids = routed(40, 2, 2, gen)
@@ -600,6 +602,30 @@ def test_gpu_sorted_rows(fmt, spec, h, inter):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(replayed, out), "graph replay = eager"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("fmt", ["fp8-block", "mxfp8"])
+def test_gpu_programmatic_dependent_launch_changes_no_byte(fmt):
+    """The decode rows' six launches as programmatic dependents (each waits for its predecessor before touching memory):
+    the same bytes as plain launches, eagerly and replayed from a CUDA graph after the routing changes."""
+    g = torch.Generator().manual_seed(11)
+    w13, w2 = experts(fmt, 32, 5760, 2880, g, True, "cuda"), experts(fmt, 32, 2880, 2880, g, True, "cuda")
+    for t in (1, 4):  # 0.125 and 0.5 (token, slot) pairs per expert
+        x = torch.randn(t, 2880, generator=g).to(torch.bfloat16).cuda()
+        w, ids = routed(t, 4, 32, g, "cuda")
+        cfg = pick_moe_config(t * 4, 32, fmt)
+        assert cfg.pdl, f"{cfg.name()}: a decode row without pdl"
+        plain = run_triton(x, w, ids, w13, w2, GPT_OSS, "cuda", replace(cfg, pdl=False))
+        assert torch.equal(run_triton(x, w, ids, w13, w2, GPT_OSS, "cuda", cfg), plain)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = run_triton(x, w, ids, w13, w2, GPT_OSS, "cuda", cfg)
+        ids.copy_(torch.roll(ids, 1, dims=1))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, run_triton(x, w, ids, w13, w2, GPT_OSS, "cuda", replace(cfg, pdl=False)))
 
 
 @pytest.mark.gpu

@@ -30,7 +30,9 @@ the tensor core adds its ~14-bit accumulation within each scale block (DeepSeek-
 K need not be a multiple of 128 (GPT-OSS's 2880: masked tail).  Configurations come from
 :data:`MOE_CONFIGS` by average (token, slot) pairs per expert; past 160 (prefill) both
 formats take ``sorted_rows``: the token rows are put in expert order once and both GEMMs read
-dense tiles through TMA (:mod:`.fused_moe_sorted`; same numerics).
+dense tiles through TMA (:mod:`.fused_moe_sorted`; same numerics).  The few-token rows (``pdl``) launch
+the six kernels as programmatic dependents on sm_90+: each waits for its predecessor before touching memory
+(:func:`.triton_numerics.pdl_enter`), so only the launches overlap.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from .triton_numerics import (
     hw_e4m3,
     next_pow2,
     pdl_enter,
+    pdl_ok,
     pow2,
     random20,
     stream_key_i32,
@@ -118,6 +119,7 @@ def _launch(
     block_m = min(tile[0], next_pow2(max(m, 1)))
     groups = min(tile[1], next_pow2(max(n_groups, 1)))
     k0, k1 = stream_key_i32(rounding)
+    pdl = pdl and pdl_ok(x.device)  # a request, honoured where the launch exists (compiled sm_90+)
     if m and k:
         grid = (cdiv(m, block_m), cdiv(n_groups, groups))
         _group_quant_kernel[grid](

@@ -651,3 +651,17 @@ def test_gpu_cuda_graph_capture_replays_without_host_sync(gpt_oss_experts):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS))
+
+
+def test_pdl_is_a_request_with_the_same_bytes(triton_device, gen):
+    """``pdl`` on the quantization and alignment launches changes no byte; where programmatic dependent launch does not
+    exist (the interpreter, GPUs before sm_90) the request is dropped instead of failing."""
+    from quantkit.kernels.group_quant import act_quant_fp8_block, mxfp8_quantize
+
+    x = torch.randn(5, 320, generator=gen).to(triton_device)
+    for quant in (act_quant_fp8_block, mxfp8_quantize):
+        (q0, s0), (q1, s1) = quant(x), quant(x, pdl=True)
+        assert torch.equal(q0.view(torch.uint8), q1.view(torch.uint8)) and torch.equal(s0, s1), quant.__name__
+    ids = torch.randint(0, 8, (5, 4), generator=gen).to(triton_device)
+    plain, dep = moe_routing.align_triton(ids, 8, 16), moe_routing.align_triton(ids, 8, 16, pdl=True)
+    assert all(torch.equal(a, b) for a, b in zip(plain[:3], dep[:3]))

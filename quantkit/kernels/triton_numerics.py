@@ -282,15 +282,21 @@ def next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
-def pdl_ok(device: torch.device) -> bool:
-    """Whether kernels on ``device`` may be launched as programmatic dependents (compiled, NVIDIA sm_90+)."""
+def compiled_sm90(device: torch.device) -> bool:
+    """Whether kernels on ``device`` are compiled for NVIDIA sm_90 or later: where the hardware E4M3 cast is
+    exact (:func:`hw_e4m3`) and programmatic dependent launch exists (:func:`pdl_ok`)."""
     return not interpreted() and device.type == "cuda" and torch.version.hip is None and capability(device) >= (9, 0)
+
+
+def pdl_ok(device: torch.device) -> bool:
+    """Whether kernels on ``device`` may be launched as programmatic dependents (:func:`pdl_enter`)."""
+    return compiled_sm90(device)
 
 
 def hw_e4m3(device: torch.device, requested: bool | None = None) -> bool:
     """Whether kernels on ``device`` round to E4M3 with the hardware cast: where it is exact
     (compiled, NVIDIA sm_90+) unless ``requested`` is False; True where it is not exact raises."""
-    exact = not interpreted() and device.type == "cuda" and torch.version.hip is None and capability(device) >= (9, 0)
+    exact = compiled_sm90(device)
     if requested and not exact:
         raise ValueError(f"the hardware E4M3 cast is not exact RNE on {device} here (needs compiled Triton on NVIDIA sm_90+)")
     return exact if requested is None else requested

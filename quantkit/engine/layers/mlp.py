@@ -28,18 +28,19 @@ class MLP(nn.Module):
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
         self.gate_up = RowGroup((gate_proj, up_proj))  # one GEMM (and one input quantization) where the two stack
 
+    def _fused_act(self, x: torch.Tensor) -> bool:
+        """Whether silu(g) * u and down_proj's input quantization run as one op (``silu_mul_act_quant``) for x."""
+        return self.down_proj.weight.act is not None and x.dtype in FUSED_DTYPES
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        act = self.down_proj.weight.act
-        if act is None or x.dtype not in FUSED_DTYPES:
+        if not self._fused_act(x):
             return self.unfused(x)
         return self._down(*self.gate_up(x))
 
     def forward_normed(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
         """forward(norm(x)), the norm fused with gate / up's input quantization where they quantize alike
         (:func:`.norm.norm_quantized`, as the attention layers' inputs)."""
-        a = None
-        if self.down_proj.weight.act is not None and x.dtype in FUSED_DTYPES:
-            a = norm_quantized(norm, self.gate_up.parts, x)
+        a = norm_quantized(norm, self.gate_up.parts, x) if self._fused_act(x) else None
         if a is None:
             return self(norm(x))
         return self._down(*self.gate_up.quantized(*a, x.dtype))

@@ -26,7 +26,7 @@ import triton.language as tl
 from . import dispatch
 from .attention import check_heads, check_window
 from .attention_triton import LOG2E, check_operands, dot_dtype, paged_rows, pow2, softmax_step
-from .triton_numerics import PRIORITY, available, cdiv, interpreted
+from .triton_numerics import PRIORITY, available, cdiv, interpreted, pdl_enter, pdl_ok
 
 MAX_SPLITS = 64
 
@@ -36,7 +36,9 @@ class DecodeConfig:
     """Launch configuration.  Defaults: the best of 6 tiles x 17 split counts swept on the H200
     (docs/benchmarks.md, "Sink attention decode: launch configuration and splits"): 128-key
     blocks, 2 stages, and splits for about 4 programs per SM; counts that overshoot one such wave
-    without filling a second ran slower (B=32, ctx 4096: 2 splits 77% of HBM, 3 splits 68%)."""
+    without filling a second ran slower (B=32, ctx 4096: 2 splits 77% of HBM, 3 splits 68%).  The split and merge
+    kernels launch as programmatic dependents (``pdl``, where that exists): 1.05-1.19x at B = 1 and B = 8 with ctx <= 4096,
+    1.00-1.02x from B = 32, the same bytes (docs/benchmarks.md, "Fifteenth pass")."""
 
     block_n: int = 128
     num_warps: int = 4
@@ -44,9 +46,10 @@ class DecodeConfig:
     num_splits: int = 0  # 0: chosen from the SM count and the shapes (programs_per_sm, max_splits)
     programs_per_sm: int = 4
     max_splits: int = 128
+    pdl: bool = True  # split and merge kernels as programmatic dependents (compiled sm_90+; triton_numerics.pdl_enter)
 
     def name(self) -> str:
-        return f"n{self.block_n}/w{self.num_warps}/st{self.num_stages}/s{self.num_splits or 'auto'}"
+        return f"n{self.block_n}/w{self.num_warps}/st{self.num_stages}/s{self.num_splits or 'auto'}" + ("/pdl" if self.pdl else "")
 
 
 INTERPRETER_DECODE = DecodeConfig(16, 1, 1)
@@ -80,7 +83,8 @@ def _decode_split_kernel(Q, K, V, BT, CTX, SINKS, O, OP, LSE,
                          GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
                          HAS_SINKS: tl.constexpr, HAS_WINDOW: tl.constexpr, FINAL: tl.constexpr,
-                         DOT: tl.constexpr, PRECISION: tl.constexpr):
+                         DOT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -126,7 +130,8 @@ def _decode_split_kernel(Q, K, V, BT, CTX, SINKS, O, OP, LSE,
 @triton.jit
 def _decode_merge_kernel(OP, LSE, SINKS, O, sop_b, sop_h, sop_s, sl_b, sl_h, so_b, so_h, num_splits,
                          BLOCK_S: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_DV: tl.constexpr,
-                         HAS_SINKS: tl.constexpr):
+                         HAS_SINKS: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -193,30 +198,33 @@ def attention_decode(
     part = out if final else torch.empty(b, hq, splits, dv, dtype=torch.float32, device=dev)  # [B, Hq, S, Dv]
     lse = out if final else torch.empty(b, hq, splits, dtype=torch.float32, device=dev)  # [B, Hq, S]
     sink_arg = sinks if sinks is not None else q
+    pdl = cfg.pdl and pdl_ok(dev)
     _decode_split_kernel[(b, hkv, splits)](
         q, k_cache, v_cache, block_tables, context_lens, sink_arg, out, part, lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         block_tables.stride(0), out.stride(0), out.stride(1), part.stride(0), part.stride(1), 0 if final else part.stride(2),
         lse.stride(0), lse.stride(1), scale * LOG2E, window or 0, block_size, splits,
         GROUP=group, BLOCK_H=pow2(group), HEAD_D=d, HEAD_DV=dv, BLOCK_D=pow2(d), BLOCK_DV=pow2(dv), BLOCK_N=cfg.block_n,
-        HAS_SINKS=sinks is not None, HAS_WINDOW=window is not None, FINAL=final, DOT=dot, PRECISION=precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        HAS_SINKS=sinks is not None, HAS_WINDOW=window is not None, FINAL=final, DOT=dot, PRECISION=precision, PDL=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     if not final:
-        merge_splits(part, lse, out, sinks)
+        merge_splits(part, lse, out, sinks, pdl)
     return out
 
 
-def merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, sinks: torch.Tensor | None = None) -> None:
+def merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, sinks: torch.Tensor | None = None, pdl: bool = False) -> None:
     """out [B, H, Dv] = the splits' partial outputs part float32 [B, H, S, Dv] weighted by their
     log2-sum-exp2 lse float32 [B, H, S] (the sink, float32 [H] natural-log units, joins the
-    denominator); split-KV decode of the sink attention and of MLA."""
+    denominator); split-KV decode of the sink attention and of MLA.  ``pdl``: launched as a programmatic dependent
+    (dropped where that does not exist)."""
+    pdl = pdl and pdl_ok(out.device)
     b, h, splits, dv = part.shape
     _decode_merge_kernel[(b, h)](
         part, lse, sinks if sinks is not None else part, out,
         part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1), out.stride(0), out.stride(1), splits,
-        BLOCK_S=pow2(splits, 2), HEAD_DV=dv, BLOCK_DV=pow2(dv), HAS_SINKS=sinks is not None,
-        num_warps=1 if interpreted() else 4,
+        BLOCK_S=pow2(splits, 2), HEAD_DV=dv, BLOCK_DV=pow2(dv), HAS_SINKS=sinks is not None, PDL=pdl,
+        num_warps=1 if interpreted() else 4, launch_pdl=pdl,
     )
 
 

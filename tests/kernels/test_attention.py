@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -239,6 +241,19 @@ def test_triton_decode_paged(triton_device, dtype, bs, window):
         assert_close(got, want, *tol(dtype, triton_device), f"decode bs={bs} window={window} splits={splits}")
 
 
+def test_triton_decode_pdl_is_a_request_with_the_same_bytes(triton_device):
+    """``pdl`` launches the split and merge kernels as programmatic dependents where that exists; elsewhere (the
+    interpreter, GPUs before sm_90) it is dropped: either way the same bytes as plain launches."""
+    from quantkit.kernels.attention_triton_decode import DecodeConfig
+
+    kc, vc, bt, lens = paged_cache([5, 9, 37], 2, 16, 16, 4, torch.float32, triton_device)
+    q, _, _, sinks = ragged([3], [1], 4, 2, 16, 16, torch.float32, triton_device)
+    plain = triton("attention_decode", q, kc, vc, bt, lens, 4, 0.25, sinks, config=DecodeConfig(16, 1, 1, num_splits=3, pdl=False))
+    dep = triton("attention_decode", q, kc, vc, bt, lens, 4, 0.25, sinks, config=DecodeConfig(16, 1, 1, num_splits=3, pdl=True))
+    assert torch.equal(plain, dep)
+    assert DecodeConfig().pdl and DecodeConfig().name() == "n128/w4/st2/sauto/pdl"
+
+
 def test_triton_decode_without_sinks_and_int64_tables(triton_device):
     kc, vc, bt, lens = paged_cache([1, 17], 2, 16, 16, 4, torch.float32, triton_device)
     q, _, _, _ = ragged([2], [1], 2, 2, 16, 16, torch.float32, triton_device)
@@ -279,6 +294,33 @@ def test_gpu_triton_decode_gpt_oss(window):
     for cfg in (None, DecodeConfig(num_splits=1), DecodeConfig(block_n=128, num_splits=7)):
         got = dispatch.call("attention_decode", q, kc, vc, bt, lens, 16, 0.125, sinks, window, backend="triton", config=cfg)
         assert_close(got, want, *GPU_TOL, f"gpu decode {cfg}")
+        plain = dispatch.call("attention_decode", q, kc, vc, bt, lens, 16, 0.125, sinks, window, backend="triton",
+                              config=replace(cfg or DecodeConfig(), pdl=False))  # fmt: skip
+        assert torch.equal(got, plain), f"{cfg}: programmatic dependent launch changed bytes"
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_triton_decode_pdl_in_a_cuda_graph():
+    """The split and merge kernels as programmatic dependents, captured and replayed after new keys arrive: the same bytes
+    as plain eager launches on the same cache."""
+    from quantkit.kernels.attention_triton_decode import DecodeConfig
+
+    kc, vc, bt, lens = paged_cache([7, 300, 4100], 8, 64, 64, 16, torch.bfloat16, "cuda")
+    q, _, _, sinks = ragged([3], [1], 64, 8, 64, 64, torch.bfloat16, "cuda")
+    call = lambda pdl: dispatch.call("attention_decode", q, kc, vc, bt, lens, 16, 0.125, sinks, None, backend="triton",  # noqa: E731
+                                     config=DecodeConfig(num_splits=8, pdl=pdl))  # fmt: skip
+    call(True)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = call(True)
+    kc.copy_(torch.randn_like(kc))
+    vc.copy_(torch.randn_like(vc))
+    q.copy_(torch.randn_like(q))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, call(False))
 
 
 @pytest.mark.gpu

@@ -37,8 +37,8 @@ class DecodeConfig:
     (docs/benchmarks.md, "Sink attention decode: launch configuration and splits"): 128-key
     blocks, 2 stages, and splits for about 4 programs per SM; counts that overshoot one such wave
     without filling a second ran slower (B=32, ctx 4096: 2 splits 77% of HBM, 3 splits 68%).  The split and merge
-    kernels launch as programmatic dependents (``pdl``, where that exists): 1.05-1.19x at B = 1 and B = 8 with ctx <= 4096,
-    1.00-1.02x from B = 32, the same bytes (docs/benchmarks.md, "Fifteenth pass")."""
+    kernels launch as programmatic dependents (``pdl``, where that exists): 1.05-1.19x at B = 1 and at B = 8 to ctx 4096,
+    1.00-1.02x elsewhere, the same bytes (docs/benchmarks.md, "Fifteenth pass")."""
 
     block_n: int = 128
     num_warps: int = 4

@@ -11,7 +11,6 @@ The reference runs on float32 copies of the inputs.
 from __future__ import annotations
 
 import math
-
 from dataclasses import replace
 
 import pytest

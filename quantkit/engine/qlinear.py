@@ -254,9 +254,9 @@ class RowGroup:
         return (t.device, t.dtype, t.data_ptr())
 
     def fused(self) -> Linear | None:
-        key = self._key()
-        if self._made is None or self._made[0] != key:
-            self._made = (key, fuse_rows(self.parts))
+        if self._made is None or self._made[0] != self._key():
+            fused = fuse_rows(self.parts)
+            self._made = (self._key(), fused)  # after fuse_rows: the parts' buffers are now views of the fused ones
         return self._made[1]
 
     def _split(self, y: torch.Tensor) -> list[torch.Tensor]:

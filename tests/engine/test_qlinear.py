@@ -164,6 +164,26 @@ def test_fuse_rows_is_one_gemm_over_shared_storage(fmt: str, bias: bool) -> None
     assert torch.equal(torch.cat([p(x) for p in parts], dim=-1), want), "the parts give what they gave before fusing"
 
 
+def test_row_group_fuses_once_and_again_after_a_move() -> None:
+    """The fused projection is built on first use and then kept (fuse_rows re-points the parts' buffers, so the
+    cache key must be taken after it); replacing the parts' buffers (a ``.to``) builds it again."""
+    from quantkit.engine import qlinear as qmod
+
+    gen = torch.Generator().manual_seed(13)
+    parts = [Linear(FUSABLE["fp8-block"](torch.randn(n, 256, generator=gen) / 16, True)) for n in (128, 72)]
+    group = qmod.RowGroup(parts)
+    first = group.fused()
+    assert first is not None and group.fused() is first, "rebuilt without a change"
+    x = torch.randn(3, 256, generator=gen).to(torch.bfloat16)
+    group(x)
+    assert group.fused() is first, "a call rebuilt it"
+    for p in parts:  # every buffer replaced, as a move to another device does: the old fused storage is stale
+        for name, t in list(p.weight.named_buffers()):
+            setattr(p.weight, name, t.clone())
+    again = group.fused()
+    assert again is not None and again is not first and group.fused() is again
+
+
 def test_fuse_rows_refuses_what_cannot_stack() -> None:
     from quantkit.engine.qlinear import fuse_rows
 

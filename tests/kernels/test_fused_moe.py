@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -608,15 +609,16 @@ def test_gpu_sorted_rows(fmt, spec, h, inter):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("fmt", ["fp8-block", "mxfp8"])
 def test_gpu_programmatic_dependent_launch_changes_no_byte(fmt):
-    """The decode rows' six launches as programmatic dependents (each waits for its predecessor before touching memory):
-    the same bytes as plain launches, eagerly and replayed from a CUDA graph after the routing changes."""
+    """Every table row with ``pdl`` launches its six kernels as programmatic dependents (each waits for its predecessor
+    before touching memory): the same bytes as plain launches, eagerly and replayed from a CUDA graph after the routing
+    changes."""
     g = torch.Generator().manual_seed(11)
     w13, w2 = experts(fmt, 32, 5760, 2880, g, True, "cuda"), experts(fmt, 32, 2880, 2880, g, True, "cuda")
-    for t in (1, 4):  # 0.125 and 0.5 (token, slot) pairs per expert
+    rows = [c for _, c in (MOE_CONFIGS if fmt == "fp8-block" else MX_DECODE) if c.pdl]
+    assert len(rows) == 2, [c.name() for c in rows]  # the two few-token rows of either table
+    for t, cfg in itertools.product((1, 4), rows):  # 0.125 and 0.5 (token, slot) pairs per expert
         x = torch.randn(t, 2880, generator=g).to(torch.bfloat16).cuda()
         w, ids = routed(t, 4, 32, g, "cuda")
-        cfg = pick_moe_config(t * 4, 32, fmt)
-        assert cfg.pdl, f"{cfg.name()}: a decode row without pdl"
         plain = run_triton(x, w, ids, w13, w2, GPT_OSS, "cuda", replace(cfg, pdl=False))
         assert torch.equal(run_triton(x, w, ids, w13, w2, GPT_OSS, "cuda", cfg), plain)
         graph = torch.cuda.CUDAGraph()

@@ -11,6 +11,7 @@ config-table rows.  Shapes, M values and goals are data below.
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable
 
 from bench_common import Bench, Row, close_check, fmt, geomean, pct
@@ -112,7 +113,7 @@ def gemm_weights(b: Bench, n: int, k: int) -> dict:
     from power-of-two fp8-block), its 128x128 requantization, bf16, and cuBLAS's layout."""
     torch = b.torch
     from quantkit.formats import exact, fp8_block
-    from quantkit.kernels import gemm_mxfp8, scaled_mm
+    from quantkit.kernels import deepgemm, gemm_mxfp8, scaled_mm
 
     w = torch.randn(n, k, device=b.device) * 0.02
     q, sw = fp8_block.quantize_weight(w)
@@ -121,7 +122,8 @@ def gemm_weights(b: Bench, n: int, k: int) -> dict:
     q128, s128 = gemm_mxfp8.requant_weight_128(qm, sm)
     assert torch.equal(q128.view(torch.uint8), qp.view(torch.uint8)) and torch.equal(s128, swp), "MXFP8 -> 128x128 round trip"
     cw = scaled_mm.prepare_weight(q, sw) if scaled_mm.cublas_available(b.device).ok else None
-    return {"q": q, "sw": sw, "qm": qm, "sm": sm, "q128": q128, "s128": s128, "wb": w.to(torch.bfloat16), "cw": cw}
+    dw = deepgemm.prepare_weight(q, sw) if deepgemm.available(b.device).ok and n % 8 == 0 else None
+    return {"q": q, "sw": sw, "qm": qm, "sm": sm, "q128": q128, "s128": s128, "wb": w.to(torch.bfloat16), "cw": cw, "dw": dw}
 
 
 def gemm_acts(b: Bench, m: int, n: int, k: int, wt: dict) -> dict:
@@ -183,7 +185,13 @@ def gemm_one(b: Bench, case: str, m: int, n: int, k: int, wt: dict) -> None:
         pad = f"M padded to {ap.shape[0]}" if ap.shape[0] != m else ""
         b.measure(fam, case, mnk, "cublas", lambda: scaled_mm.scaled_mm_prepared(ap, sa_c, wt["cw"], None, torch.bfloat16)[:m], flops, b8, fp8_peak, c8, pad, host=True)
         b.measure(fam, case, mnk, "by-shape", lambda: dispatch.call("gemm_fp8_block", a, sa, wt["q"], wt["sw"], backend="by-shape"),
-                  flops, b8, fp8_peak, c8, scaled_mm.by_shape_choice(m, n, k), host=True)  # fmt: skip
+                  flops, b8, fp8_peak, c8, scaled_mm.by_shape_choice(m, n, k, b.device), host=True)  # fmt: skip
+    if wt["dw"] is not None:
+        from quantkit.kernels import deepgemm
+
+        ad, sad = deepgemm.prepare_act(a, sa, wt["dw"].w.shape[1])
+        dcfg = deepgemm.best_config(m, n, ad.shape[1], deepgemm._num_sms(b.device))
+        b.measure(fam, case, mnk, "deepgemm", lambda: deepgemm.gemm_prepared(ad, sad, wt["dw"], cfg=dcfg), flops, b8, fp8_peak, c8, dcfg.name(), host=True)
     cfg = g8.fp8_block_config(a, sa, wt["q"], wt["sw"])
     b.measure(fam, case, mnk, "triton", lambda: g8.gemm_fp8_block(a, sa, wt["q"], wt["sw"]), flops, b8, fp8_peak, c8, cfg.name(), host=True)
     mx_calls = {
@@ -258,6 +266,29 @@ def _sweep_plan(args: argparse.Namespace, shapes: list, ms: list[int], cuda: boo
     return plan
 
 
+def deepgemm_prebuild(b: Bench, shapes: list, ms: list[int]) -> None:
+    """Compile every DeepGEMM kernel the main pass will time, 16 at a time (about 4 s each)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from quantkit.kernels import deepgemm
+
+    av = deepgemm.available(b.device)
+    if not av.ok:
+        b.notes.append(f"deepgemm: not run ({av.reason}).")
+        return
+    sms = deepgemm._num_sms(b.device)
+    jobs = {(n, -(-k // 128) * 128, deepgemm.best_config(m, n, -(-k // 128) * 128, sms)) for _, _, n, k in shapes for m in ms if n % 8 == 0}
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(16) as pool:
+        errors = [f for f in [pool.submit(deepgemm.build, n, k, cfg) for n, k, cfg in jobs] if f.exception()]
+    b.log(f"  deepgemm: {len(jobs)} kernels built in {time.perf_counter() - t0:.1f} s ({len(errors)} failed: {[str(f.exception())[:300] for f in errors[:2]]})")
+    b.notes.append(
+        f"deepgemm: DeepGEMM's fp8_gemm_kernel from FlashInfer's copy ({deepgemm.include_dir()}), compiled by nvcc per (N, K, tiles) "
+        "with DeepGEMM's own tile/stage/multicast choice; operands prepared outside the timing as for cuBLAS (K zero-padded to a "
+        "multiple of 128, activation scales MN-major [K/128, M rounded up to 4])."
+    )
+
+
 def bench_gemm(b: Bench, args: argparse.Namespace, checkpoint: Callable[[], object]) -> None:
     from quantkit.kernels import scaled_mm
 
@@ -278,6 +309,7 @@ def bench_gemm(b: Bench, args: argparse.Namespace, checkpoint: Callable[[], obje
     ]
     if b.cuda and scaled_mm.cublas_available(b.device).ok:
         cublas_probe(b)
+    deepgemm_prebuild(b, shapes, ms)
     for model, proj, n, k in shapes:
         _shape_pass(b, "", f"{model} {proj}", n, k, ms, lambda case, m, n, k, wt: gemm_one(b, case, m, n, k, wt), bias=True)
     checkpoint()
@@ -327,11 +359,11 @@ def gemm_report(b: Bench) -> list[str]:
     by, combos = _index(b)
     lines = [
         "| shape | N | K | M | bf16 ms | cuBLAS ms eager / graph | Triton ms eager / graph (TFLOPS, GB/s, roofline) | Triton host us | "
-        "Triton/cuBLAS eager / graph | by-shape graph ms (ran) | best MXFP8 graph ms | MX/Triton | checks ok |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "Triton/cuBLAS eager / graph | by-shape graph ms (ran) | best MXFP8 graph ms | MX/Triton | DeepGEMM graph ms (TFLOPS, config) | Triton/DeepGEMM | checks ok |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for case, n, k, m in combos:
-        bf, cu, tr, bs = (by.get((case, m, name)) for name in ("bf16", "cublas", "triton", "by-shape"))
+        bf, cu, tr, bs, dg = (by.get((case, m, name)) for name in ("bf16", "cublas", "triton", "by-shape", "deepgemm"))
         mx = _best_mx(by, case, m, "t")
         checks = [r.check for r in b.rows if r.family == "gemm" and r.case == case and r.m == m and r.check != "-" and not r.backend.startswith("tune")]
         lines.append(
@@ -339,6 +371,7 @@ def gemm_report(b: Bench) -> list[str]:
             f"{fmt(tr and tr.ms)} / {fmt(tr and tr.graph_ms)} ({fmt(tr and tr.tflops, 0)}, {fmt(tr and tr.gbs, 0)}, {pct(tr and tr.roofline)}) | "
             f"{fmt(tr and tr.host_us, 0)} | {fmt(_ratio(cu, tr, 'ms'), 2)} / {fmt(_ratio(cu, tr, 'graph_ms'), 2)} | "
             f"{fmt(bs and bs.t)} ({bs.note if bs else '-'}) | {fmt(mx and mx.t)} {mx.backend if mx else ''} | {fmt(_ratio(tr, mx, 't'), 2)} | "
+            f"{fmt(dg and dg.graph_ms)} ({fmt(dg and dg.tflops, 0)}, {dg.note if dg else '-'}) | {fmt(_ratio(dg, tr, 'graph_ms'), 2)} | "
             f"{sum(c.startswith('ok') for c in checks)}/{len(checks)} |"
         )
     out = lines + [""]
@@ -446,8 +479,8 @@ def sweep_report(b: Bench) -> list[str]:
 def gemm_short(b: Bench) -> list[str]:
     """Per M, over the shapes: geomean TFLOPS (graph times) of each backend and geomean time ratios."""
     by, combos = _index(b)
-    names = ("bf16", "cublas", "triton", "by-shape")
-    out = [f"{'M':>5} | {'bf16':>6} | {'cuBLAS':>6} | {'Triton':>6} | {'by-shp':>6} | {'bestMX':>6} | {'Tri/cuB':>7} | {'(eager)':>7} | {'MX/Tri':>6} | {'TriGB/s':>7} | {'host us':>7}   (geomean TFLOPS over shapes, graph times)"]
+    names = ("bf16", "cublas", "triton", "by-shape", "deepgemm")
+    out = [f"{'M':>5} | {'bf16':>6} | {'cuBLAS':>6} | {'Triton':>6} | {'by-shp':>6} | {'bestMX':>6} | {'Tri/cuB':>7} | {'(eager)':>7} | {'MX/Tri':>6} | {'TriGB/s':>7} | {'host us':>7} | {'DeepGEMM':>8} | {'Tri/DG':>6}   (geomean TFLOPS over shapes, graph times)"]
     for m in sorted({c[3] for c in combos}):
         cases = [c[0] for c in combos if c[3] == m]
         row = {name: [by[(c, m, name)] for c in cases if (c, m, name) in by] for name in names}
@@ -459,5 +492,7 @@ def gemm_short(b: Bench) -> list[str]:
         r_mx = geomean([_ratio(t, x, "t") for x, t in mx if x and t])
         gbs = geomean([r.gbs for r in row["triton"]])
         host = geomean([r.host_us for r in row["triton"]])
-        out.append(f"{m:>5} | {tf['bf16']:6.0f} | {tf['cublas']:6.0f} | {tf['triton']:6.0f} | {tf['by-shape']:6.0f} | {mx_tf:6.0f} | {r_g:7.2f} | {r_e:7.2f} | {r_mx:6.2f} | {gbs:7.0f} | {host:7.0f}")
+        r_dg = geomean([_ratio(by.get((c, m, "deepgemm")), by.get((c, m, "triton")), "graph_ms") for c in cases if (c, m, "deepgemm") in by])
+        out.append(f"{m:>5} | {tf['bf16']:6.0f} | {tf['cublas']:6.0f} | {tf['triton']:6.0f} | {tf['by-shape']:6.0f} | {mx_tf:6.0f} | {r_g:7.2f} | {r_e:7.2f} | {r_mx:6.2f} | {gbs:7.0f} | {host:7.0f} | "
+                   f"{fmt(tf['deepgemm'], 0):>8} | {fmt(r_dg, 2):>6}")
     return out

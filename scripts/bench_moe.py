@@ -37,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_common import Bench, bench_parser, fmt, pct, Row, start_device  # noqa: E402  (shared timers: eager, CUDA graph with L2 flush; rows; log)
+from bench_common import Bench, bench_parser, close_check, fmt, pct, Row, start_device  # noqa: E402  (shared timers: eager, CUDA graph with L2 flush; rows; log)
 from bench_kernels import environment  # noqa: E402
 
 
@@ -193,6 +193,8 @@ def bench_model(b: Bench, m: Model, qfmt: str, ts: tuple, check_ts: tuple, sweep
                   flops, 2.0 * nbytes, b.peaks[1], None, graph=False)  # fmt: skip  (host-synchronising: no graph)
         if ref is not None:
             refs[t] = (x, wts, ids, ref)
+        if t >= 1024 and qfmt == "fp8-block":
+            deepgemm_gemms(b, ex, case, mnk, x, ids, flops)
     if not sweep:
         return None
 
@@ -209,6 +211,47 @@ def bench_model(b: Bench, m: Model, qfmt: str, ts: tuple, check_ts: tuple, sweep
                           lambda: fused_moe(x, wts, ids, w13, w2, spec, config=cfg), flops, nbytes, b.peaks[0], moe_check(torch, ref))  # fmt: skip
 
     return run_sweep
+
+
+def deepgemm_gemms(b: Bench, ex: Experts, case: str, mnk: tuple, x, ids, flops: float) -> None:
+    """Baseline: only the two grouped GEMMs of the MoE on DeepGEMM (FlashInfer's copy; grouped
+    contiguous, each expert's rows padded to 128), on the batch's own routing: no routing, gather,
+    activation, quantization of the intermediate or combine, so a lower bound for a MoE built on it."""
+    torch = b.torch
+    from quantkit.formats import fp8_block
+    from quantkit.kernels import deepgemm
+
+    if not deepgemm.available(b.device).ok:
+        return
+    m, e = ex.m, ex.m.e
+    counts = torch.bincount(ids.flatten(), minlength=e)
+    padded = (counts + 127) // 128 * 128
+    rows = int(padded.sum())
+    m_idx = torch.repeat_interleave(torch.arange(e, device=b.device, dtype=torch.int32), padded)
+    order = torch.argsort(ids.flatten(), stable=True) // ids.shape[1]  # source token of each routed row, expert-sorted
+    start = torch.cumsum(padded, 0) - padded
+    dest = start.repeat_interleave(counts) + torch.arange(int(counts.sum()), device=b.device) - (torch.cumsum(counts, 0) - counts).repeat_interleave(counts)
+    xs = torch.zeros(rows, m.h, dtype=x.dtype, device=b.device)
+    xs[dest] = x[order]
+    a, sa = fp8_block.quantize_act(xs)
+    d13, d2 = deepgemm.prepare_weight(ex.w13.q, ex.w13.scale), deepgemm.prepare_weight(ex.w2.q, ex.w2.scale)
+    a1, s1 = deepgemm.prepare_act(a, sa, d13.w.shape[1])
+    h, sh = fp8_block.quantize_act(torch.randn(rows, m.inter, device=b.device))
+    a2, s2 = deepgemm.prepare_act(h, sh, d2.w.shape[1])
+    out1 = torch.empty(rows, 2 * m.inter, dtype=torch.bfloat16, device=b.device)
+    out2 = torch.empty(rows, m.h, dtype=torch.bfloat16, device=b.device)
+
+    def run():
+        deepgemm.gemm_prepared(a1, s1, d13, m_indices=m_idx, out=out1)
+        return deepgemm.gemm_prepared(a2, s2, d2, m_indices=m_idx, out=out2)
+
+    from quantkit.kernels.scaled_mm import gemm_fp8_block_ref
+
+    busiest = int(counts.argmax())
+    sel = m_idx == busiest
+    check2 = close_check(gemm_fp8_block_ref(h[sel], sh[sel], ex.w2.q[busiest], ex.w2.scale[busiest], None, torch.float32), 2.0**-7)
+    note = f"GEMMs only: {rows} rows ({rows / max(1, int(counts.sum())):.2f}x the routed rows), K padded to {d13.w.shape[1]} / {d2.w.shape[1]}"
+    b.measure("moe", case, mnk, "deepgemm-gemms", run, flops, 0.0, b.peaks[0], lambda out: check2(out[sel]), note=note)
 
 
 # ---- report -------------------------------------------------------------------------------------
@@ -278,12 +321,14 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--formats", nargs="+", default=["fp8-block", "mxfp8"], choices=["fp8-block", "mxfp8"])
     p.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True, help="time other tile configs at the end (GPT-OSS FP8-block)")
+    p.add_argument("--tokens", nargs="+", type=int, help="token counts to run (default: 1 4 16 64 128 8192)")
     args = p.parse_args()
     torch, device = start_device(args)
     gpu, peaks, versions = environment(torch, device)
     b = Bench(torch, device, gpu, peaks, args.out, args.warmup_ms, args.rep_ms, time.monotonic() + args.budget_s)
     b.log(f"bench_moe: {gpu} {versions} models={args.models} formats={args.formats}")
     models, ts, check_ts, sweep = (MODELS, DECODE_T + PREFILL_T, CHECK_T, SWEEP) if b.cuda else (CPU_MODELS, CPU_T, CPU_CHECK_T, CPU_SWEEP)
+    ts = tuple(args.tokens) if args.tokens else ts
     t0, sweeps = time.monotonic(), []
     for name in args.models:
         for qfmt in args.formats:

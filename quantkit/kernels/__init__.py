@@ -14,6 +14,7 @@ lists them); each kernel module registers its backend for the ops it implements 
 | :mod:`.attention_flashinfer` | flashinfer (explicit only; when installed) | attention_prefill, attention_decode |
 | :mod:`.mla_triton`   | triton   | mla_decode (reference: :mod:`.mla`)                        |
 | :mod:`.mla_flashinfer` | flashinfer (explicit only; when installed) | mla_decode                           |
+| :mod:`.deepgemm`     | deepgemm (explicit only; FlashInfer's copy of DeepGEMM, nvcc, sm_90) | gemm_fp8_block |
 
 Use::
 
@@ -48,3 +49,4 @@ else:
 
 from . import attention_flashinfer  # noqa: F401  (registers "flashinfer" when its package is installed)
 from . import mla_flashinfer  # noqa: F401  (registers "flashinfer" for mla_decode when installed)
+from . import deepgemm  # noqa: F401  (registers "deepgemm" for gemm_fp8_block; compiles on first use where it can)

@@ -177,10 +177,15 @@ def fp8_block_config(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_
 
 
 def gemm_fp8_block_by_shape(a, a_scale, w, w_scale, bias=None, out_dtype=torch.bfloat16) -> torch.Tensor:
-    """cuBLAS or Triton per :func:`.scaled_mm.by_shape_choice` (which says what runs)."""
+    """cuBLAS, DeepGEMM or Triton per :func:`.scaled_mm.by_shape_choice` (which says what runs)."""
     m = a.numel() // a.shape[-1]
-    if by_shape_choice(m, *w.shape) == "cublas":
+    choice = by_shape_choice(m, *w.shape, device=a.device)
+    if choice == "cublas":
         return gemm_fp8_block_cublas(a, a_scale, w, w_scale, bias, out_dtype)
+    if choice == "deepgemm":
+        from .deepgemm import gemm_fp8_block_deepgemm
+
+        return gemm_fp8_block_deepgemm(a, a_scale, w, w_scale, bias, out_dtype)
     return gemm_fp8_block(a, a_scale, w, w_scale, bias, out_dtype)
 
 

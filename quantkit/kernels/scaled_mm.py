@@ -50,7 +50,11 @@ INT32_LIMIT = 2**31
 # M = 128-8192) and beats the per-call cuBLAS 1.56-1.70x at M = 128-512, 1.23x geomean at M = 1024-8192
 # (seventh pass).  Where the Gluon kernel cannot run, Triton's tiled fallback runs instead (0.66-0.76x
 # prepared cuBLAS; not timed against this backend's per-call cuBLAS).
-BY_SHAPE_FP8: tuple[tuple[int, str], ...] = ((INT32_LIMIT, "triton"),)
+# Sixteenth pass: DeepGEMM (FlashInfer's copy, :mod:`.deepgemm`) against the Triton op on prepared operands,
+# graph times over the 14 shapes: faster on 14 / 13 / 11 / 9 / 4 / 2 / 1 of 14 at M = 64 / 128 / 256 / 512 /
+# 1024 / 4096 / 8192 (1.10-1.87x at M = 64, 0.83-1.77x at M = 256).  It runs M = 33-256 where it can (the
+# headers, nvcc, sm_90, N % 8 == 0) and K % 128 == 0 (a K that needs padding would copy the weight per call).
+BY_SHAPE_FP8: tuple[tuple[int, str], ...] = ((32, "triton"), (256, "deepgemm"), (INT32_LIMIT, "triton"))
 
 
 def _finish(y: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype, lead: tuple[int, ...]) -> torch.Tensor:
@@ -142,11 +146,18 @@ def gemm_fp8_block_cublas(a, a_scale, w, w_scale, bias=None, out_dtype=torch.bfl
     return y.reshape(*a.shape[:-1], cw.n)
 
 
-def by_shape_choice(m: int, n: int, k: int) -> str:
-    """The backend ``by-shape`` runs for an [m, k] x [n, k] fp8-block GEMM (:data:`BY_SHAPE_FP8`)."""
+def by_shape_choice(m: int, n: int, k: int, device: torch.device | None = None) -> str:
+    """The backend ``by-shape`` runs for an [m, k] x [n, k] fp8-block GEMM (:data:`BY_SHAPE_FP8`);
+    a "deepgemm" row runs Triton where DeepGEMM cannot (no device given, not available, N % 8 or K % 128)."""
+    choice = next(b for m_max, b in BY_SHAPE_FP8 if m <= m_max)
+    if choice == "deepgemm":
+        from . import deepgemm
+
+        ok = device is not None and n % 8 == 0 and k % BLOCK == 0 and deepgemm.available_cached(device).ok
+        return "deepgemm" if ok else "triton"
     if n % 16:
         return "triton"  # cuBLAS FP8 needs N % 16 == 0
-    return next(b for m_max, b in BY_SHAPE_FP8 if m <= m_max)
+    return choice
 
 
 def cublas_available(device: torch.device) -> dispatch.Availability:

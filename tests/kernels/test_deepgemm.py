@@ -1,0 +1,144 @@
+"""The DeepGEMM backend (FlashInfer's copy of DeepGEMM's SM90 kernel, compiled per shape): its tile
+rule, operand layouts and errors on the CPU; the compile where nvcc and the headers exist; on the
+H200 (-m gpu) the kernel against the float32 reference, grouped contiguous, CUDA graphs, by-shape."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from .test_gemm import assert_gemm_close, fp8_block_case
+
+from quantkit.formats import fp8_block
+from quantkit.kernels import deepgemm as dg
+from quantkit.kernels import dispatch
+from quantkit.kernels import scaled_mm as sm
+
+HAS_CUDA = torch.cuda.is_available()
+CAN_BUILD = dg.include_dir() is not None and dg.nvcc_path() is not None
+
+
+def test_best_config_follows_deepgemms_rule():
+    # M = 4096, N = 7168, K = 2048 on 132 SMs: 32 row blocks; BLOCK_N 128 gives 56 x 32 = 1792 tiles,
+    # 14 waves, and no narrower tile has fewer; 6 stages need 32768 + 6 * 33280 + 64 + 96 = 232608 bytes
+    # (> 232448), 5 need 199312; N = 7168 splits into 256-column pairs, so a 2-block cluster.
+    assert dg.best_config(4096, 7168, 2048, 132) == dg.Config(128, 128, 5, 2, 199312)
+    # M = 64, N = 2112: one 64-row block; BLOCK_N 16 -> 132 tiles, exactly one full wave (24 -> 88 tiles,
+    # also one wave but a less full one); 128 % 16 == 0 allows 8 stages: 2048 + 8 * (8192 + 2048 + 256)
+    # + 56 * 4 + 128 = 86368 bytes.
+    assert dg.best_config(64, 2112, 7168, 132) == dg.Config(64, 16, 8, 1, 86368)
+    # grouped contiguous always takes 128-row tiles, even for a few rows
+    assert dg.best_config(128, 4096, 7168, 132, contiguous=True).block_m == 128
+
+
+@pytest.mark.parametrize("m", [1, 17, 64, 65, 300, 1024, 8192])
+@pytest.mark.parametrize("n,k", [(2112, 7168), (24576, 1536), (2880, 2944), (4096, 8192), (7168, 16384)])
+def test_best_config_fits_and_uses_fewest_waves(m, n, k):
+    c = dg.best_config(m, n, k, 132)
+    assert c.smem <= dg.SM90_SMEM and c.stages >= 4 and 16 <= c.block_n <= 128 and c.block_n % 8 == 0
+    assert c.smem == dg.smem_size(c.stages, k, c.block_m, c.block_n)
+    most = 8 if 128 % c.block_n == 0 else 6  # DeepGEMM's stage candidates
+    assert dg.smem_size(c.stages + 1, k, c.block_m, c.block_n) > dg.SM90_SMEM or c.stages == most
+    tiles = lambda bn: -(-m // c.block_m) * -(-n // bn)  # noqa: E731
+    assert all(-(-tiles(bn) // 132) >= -(-tiles(c.block_n) // 132) for bn in range(16, 129, 8))
+    assert c.multicast == (2 if m >= 1024 and n % (2 * c.block_n) == 0 else 1)
+
+
+def test_prepare_weight_layouts_and_errors(gen):
+    w = torch.randn(2, 256, 2880, generator=gen) * 0.02
+    q, s = zip(*(fp8_block.quantize_weight(w[e]) for e in range(2)))
+    dw = dg.prepare_weight(torch.stack(q), torch.stack(s))
+    assert (dw.n, dw.k, dw.groups) == (256, 2880, 2) and dw.w.shape == (512, 2944) and dw.w.dtype == torch.float8_e4m3fn
+    assert torch.equal(dw.w[256:, :2880].view(torch.uint8), q[1].view(torch.uint8))
+    assert not dw.w[:, 2880:].view(torch.uint8).any(), "K padding must be zeros"
+    with pytest.raises(ValueError, match="N=100 is not a multiple of 8"):
+        dg.prepare_weight(torch.zeros(100, 256, dtype=torch.float8_e4m3fn), torch.ones(1, 2))
+    with pytest.raises(ValueError, match=r"weight scales \(2, 3\) do not fit a weight \(256, 256\)"):
+        dg.prepare_weight(torch.zeros(256, 256, dtype=torch.float8_e4m3fn), torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("m", [5, 8])
+def test_prepare_act_scales_are_mn_major(gen, m):
+    a, sa = fp8_block.quantize_act(torch.randn(m, 300, generator=gen))
+    ap, st = dg.prepare_act(a, sa, 384)
+    assert ap.shape == (m, 384) and not ap[:, 300:].view(torch.uint8).any()
+    assert st.shape == (3, -(-m // 4) * 4) and st.is_contiguous()
+    assert torch.equal(st[:, :m], sa.t()) and not st[:, m:].any()
+
+
+def test_availability_and_by_shape_fallback(monkeypatch):
+    assert not dg.available(torch.device("cpu")).ok and "CUDA" in dg.available(torch.device("cpu")).reason
+    assert sm.by_shape_choice(64, 7168, 2048) == "triton"  # no device: never DeepGEMM
+    monkeypatch.setattr(dg, "available_cached", lambda device: dispatch.Availability(True, auto=False))
+    cuda = torch.device("cuda")
+    assert [sm.by_shape_choice(m, 7168, 2048, cuda) for m in (1, 32, 33, 256, 257, 8192)] == ["triton", "triton", "deepgemm", "deepgemm", "triton", "triton"]
+    assert sm.by_shape_choice(64, 2880, 2880, cuda) == "triton"  # K % 128: the weight would be padded per call
+    assert sm.by_shape_choice(64, 2116, 2048, cuda) == "triton"  # N % 8
+    monkeypatch.setattr(dg, "available_cached", lambda device: dispatch.Availability(False, reason="no nvcc"))
+    assert sm.by_shape_choice(64, 7168, 2048, cuda) == "triton"
+
+
+@pytest.mark.skipif(not CAN_BUILD, reason="needs nvcc and FlashInfer's deep_gemm headers (or QUANTKIT_DEEPGEMM_INCLUDE)")
+def test_build_compiles_and_caches(tmp_path, monkeypatch):
+    monkeypatch.setenv(dg.CACHE_ENV, str(tmp_path))
+    cfg = dg.best_config(256, 512, 256, 132)
+    lib = dg.build(512, 256, cfg)
+    assert hasattr(lib, "qk_launch") and len(list((tmp_path / "deepgemm").glob("*.so"))) == 1
+    assert dg.build(512, 256, cfg) is lib
+
+
+# ---- GPU ----------------------------------------------------------------------------------------
+
+GPU_OK = HAS_CUDA and dg.available(torch.device("cuda")).ok
+needs_dg = pytest.mark.skipif(not GPU_OK, reason="needs sm_90, nvcc and the deep_gemm headers (flashinfer-python)")
+
+
+@pytest.mark.gpu
+@needs_dg
+@pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (37, 4096, 512), (130, 2880, 2880), (1024, 7168, 2048)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gpu_dense(gen, m, n, k, bias):
+    a, sa, q, sw, b = fp8_block_case(m, n, k, gen, bias, "cuda")
+    ref = sm.gemm_fp8_block_ref(a, sa, q, sw, b, torch.float32)
+    out = dispatch.call("gemm_fp8_block", a, sa, q, sw, b, backend="deepgemm")
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    assert_gemm_close(out, ref, f"deepgemm {m}x{n}x{k} bias={bias}", 1e-3)
+
+
+@pytest.mark.gpu
+@needs_dg
+def test_gpu_grouped_contiguous_and_graph(gen):
+    e, n, k = 5, 384, 1024
+    w = torch.randn(e, n, k, generator=gen) * 0.02
+    q, s = (torch.stack(t).cuda() for t in zip(*(fp8_block.quantize_weight(w[i]) for i in range(e))))
+    counts = [130, 0, 1, 256, 77]  # an empty expert, one row, a full 2-block expert
+    m_idx = torch.cat([torch.full((-(-c // 128) * 128,), i, dtype=torch.int32) for i, c in enumerate(counts)]).cuda()
+    a, sa = (t.cuda() for t in fp8_block.quantize_act(torch.randn(m_idx.numel(), k, generator=gen)))
+    dw = dg.prepare_weight(q, s)
+    ap, st = dg.prepare_act(a, sa, k)
+    out = dg.gemm_prepared(ap, st, dw, m_indices=m_idx)
+    for i in range(e):
+        rows = m_idx == i
+        if rows.any():
+            assert_gemm_close(out[rows], sm.gemm_fp8_block_ref(a[rows], sa[rows], q[i], s[i], None, torch.float32), f"grouped expert {i}", 1e-3)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        dg.gemm_prepared(ap[:200], st, dw, m_indices=m_idx[:200])
+    graph_out = torch.empty_like(out)
+    dg.gemm_prepared(ap, st, dw, m_indices=m_idx, out=graph_out)  # compiled and attributes set before capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        dg.gemm_prepared(ap, st, dw, m_indices=m_idx, out=graph_out)
+    graph_out.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graph_out, out)
+
+
+@pytest.mark.gpu
+@needs_dg
+def test_gpu_by_shape_runs_deepgemm_in_its_range(gen):
+    m, n, k = 64, 4096, 2048
+    a, sa, q, sw, b = fp8_block_case(m, n, k, gen, True, "cuda")
+    assert sm.by_shape_choice(m, n, k, a.device) == "deepgemm"
+    out = dispatch.call("gemm_fp8_block", a, sa, q, sw, b, backend="by-shape")
+    assert_gemm_close(out, sm.gemm_fp8_block_ref(a, sa, q, sw, b, torch.float32), "by-shape -> deepgemm", 1e-3)
+    assert torch.equal(out, dispatch.call("gemm_fp8_block", a, sa, q, sw, b, backend="deepgemm"))

@@ -187,6 +187,12 @@ def best_config(m: int, n: int, k: int, num_sms: int, groups: int = 1, contiguou
     return Config(block_m, best, stages, mc, smem_size(stages, k, block_m, best))
 
 
+def config_m(m: int) -> int:
+    """The M a launch's config is chosen for: 64, 128, else M rounded up to a power of two, so that a
+    server whose batch sizes vary compiles a few kernels per (N, K), not one per M."""
+    return 64 if m <= 64 else 128 if m <= 128 else 1 << (m - 1).bit_length()
+
+
 _LIBS: dict[tuple, ctypes.CDLL] = {}
 _LOCK = threading.Lock()
 
@@ -280,7 +286,7 @@ def gemm_prepared(a: torch.Tensor, sa: torch.Tensor, dw: DeepGemmWeight, m_indic
     if contiguous and m % BLOCK:
         raise ValueError(f"DeepGEMM grouped contiguous: M={m} rows must be padded to a multiple of {BLOCK} per expert")
     sms = _num_sms(a.device)
-    cfg = cfg or best_config(m, dw.n, kp, sms, 1, contiguous)
+    cfg = cfg or best_config(config_m(m), dw.n, kp, sms, 1, contiguous)
     lib = build(dw.n, kp, cfg, dw.groups, contiguous)
     out = torch.empty((m, dw.n), dtype=torch.bfloat16, device=a.device) if out is None else out
     layout = m_indices.data_ptr() if contiguous else 0

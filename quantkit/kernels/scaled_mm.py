@@ -51,10 +51,14 @@ INT32_LIMIT = 2**31
 # (seventh pass).  Where the Gluon kernel cannot run, Triton's tiled fallback runs instead (0.66-0.76x
 # prepared cuBLAS; not timed against this backend's per-call cuBLAS).
 # Sixteenth pass: DeepGEMM (FlashInfer's copy, :mod:`.deepgemm`) against the Triton op on prepared operands,
-# graph times over the 14 shapes: faster on 14 / 13 / 11 / 9 / 4 / 2 / 1 of 14 at M = 64 / 128 / 256 / 512 /
-# 1024 / 4096 / 8192 (1.10-1.87x at M = 64, 0.83-1.77x at M = 256).  It runs M = 33-256 where it can (the
-# headers, nvcc, sm_90, N % 8 == 0) and K % 128 == 0 (a K that needs padding would copy the weight per call).
-BY_SHAPE_FP8: tuple[tuple[int, str], ...] = ((32, "triton"), (256, "deepgemm"), (INT32_LIMIT, "triton"))
+# graph times over the 14 shapes: faster on 0 / 2 / 9 / 14 / 13 / 11 / 9 / 4 of 14 at M = 1 / 16 / 32 / 64 /
+# 128 / 256 / 512 / 1024 (geomean 0.59 / 0.74 / 1.07 / 1.57 / 1.39 / 1.20x / 1.04 / 0.96x).  Through by-shape
+# it pays one more launch (the activation scales transposed to MN-major), so it runs M = 33-128 where it
+# can (the headers, nvcc, sm_90, N % 8 == 0), K % 128 == 0 (a K that needs padding would copy the weight
+# per call) and K >= 1024 (DeepSeek-V3 kv_b, K = 512, lost: 0.93 / 0.80x): 1.08-1.54x the Triton op at
+# M = 64 on the 11 shapes it takes, 0.94-1.43x at M = 128.
+BY_SHAPE_FP8: tuple[tuple[int, str], ...] = ((32, "triton"), (128, "deepgemm"), (INT32_LIMIT, "triton"))
+DEEPGEMM_MIN_K = 1024
 
 
 def _finish(y: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype, lead: tuple[int, ...]) -> torch.Tensor:
@@ -148,12 +152,13 @@ def gemm_fp8_block_cublas(a, a_scale, w, w_scale, bias=None, out_dtype=torch.bfl
 
 def by_shape_choice(m: int, n: int, k: int, device: torch.device | None = None) -> str:
     """The backend ``by-shape`` runs for an [m, k] x [n, k] fp8-block GEMM (:data:`BY_SHAPE_FP8`);
-    a "deepgemm" row runs Triton where DeepGEMM cannot (no device given, not available, N % 8 or K % 128)."""
+    a "deepgemm" row runs Triton where DeepGEMM cannot or did not pay (no device given, not available,
+    N % 8, K % 128, K < :data:`DEEPGEMM_MIN_K`)."""
     choice = next(b for m_max, b in BY_SHAPE_FP8 if m <= m_max)
     if choice == "deepgemm":
         from . import deepgemm
 
-        ok = device is not None and n % 8 == 0 and k % BLOCK == 0 and deepgemm.available_cached(device).ok
+        ok = device is not None and n % 8 == 0 and k % BLOCK == 0 and k >= DEEPGEMM_MIN_K and deepgemm.available_cached(device).ok
         return "deepgemm" if ok else "triton"
     if n % 16:
         return "triton"  # cuBLAS FP8 needs N % 16 == 0

@@ -43,6 +43,10 @@ def test_best_config_fits_and_uses_fewest_waves(m, n, k):
     assert c.multicast == (2 if m >= 1024 and n % (2 * c.block_n) == 0 else 1)
 
 
+def test_config_m_buckets():
+    assert [dg.config_m(m) for m in (1, 33, 64, 65, 128, 129, 1000, 1024, 1025)] == [64, 64, 64, 128, 128, 256, 1024, 1024, 2048]
+
+
 def test_prepare_weight_layouts_and_errors(gen):
     w = torch.randn(2, 256, 2880, generator=gen) * 0.02
     q, s = zip(*(fp8_block.quantize_weight(w[e]) for e in range(2)))
@@ -70,7 +74,8 @@ def test_availability_and_by_shape_fallback(monkeypatch):
     assert sm.by_shape_choice(64, 7168, 2048) == "triton"  # no device: never DeepGEMM
     monkeypatch.setattr(dg, "available_cached", lambda device: dispatch.Availability(True, auto=False))
     cuda = torch.device("cuda")
-    assert [sm.by_shape_choice(m, 7168, 2048, cuda) for m in (1, 32, 33, 256, 257, 8192)] == ["triton", "triton", "deepgemm", "deepgemm", "triton", "triton"]
+    assert [sm.by_shape_choice(m, 7168, 2048, cuda) for m in (1, 32, 33, 128, 129, 8192)] == ["triton", "triton", "deepgemm", "deepgemm", "triton", "triton"]
+    assert sm.by_shape_choice(64, 32768, 512, cuda) == "triton"  # K < 1024: measured slower (DeepSeek-V3 kv_b)
     assert sm.by_shape_choice(64, 2880, 2880, cuda) == "triton"  # K % 128: the weight would be padded per call
     assert sm.by_shape_choice(64, 2116, 2048, cuda) == "triton"  # N % 8
     monkeypatch.setattr(dg, "available_cached", lambda device: dispatch.Availability(False, reason="no nvcc"))

@@ -100,6 +100,10 @@ extern "C" int qk_launch(void* a, void* sa, void* b, void* sb, void* d, void* la
 """
 
 
+class BuildError(RuntimeError):
+    """nvcc could not build a kernel (by-shape then stops choosing DeepGEMM on that device)."""
+
+
 @dataclass(frozen=True)
 class Config:
     """One compiled kernel: tiles, pipeline stages, TMA multicast (cluster size), shared memory."""
@@ -156,6 +160,11 @@ def available_cached(device: torch.device) -> dispatch.Availability:
     return _AVAIL[key]
 
 
+def disable(device: torch.device, why: str) -> None:
+    """Mark DeepGEMM unavailable on ``device`` for the rest of the process (after a failed build)."""
+    _AVAIL[str(device)] = dispatch.Availability(False, reason=why)
+
+
 def smem_size(stages: int, k: int, block_m: int, block_n: int) -> int:
     """Dynamic shared memory of one block (DeepGEMM's formula): D tile, the A / B / A-scale stages,
     every K block's B scales (two rows when BLOCK_N does not divide 128), the barriers."""
@@ -210,7 +219,7 @@ def build(n: int, k: int, cfg: Config, groups: int = 1, contiguous: bool = False
         return lib
     inc, nvcc = include_dir(), nvcc_path()
     if inc is None or nvcc is None:
-        raise RuntimeError(f"DeepGEMM cannot be built: headers {inc}, nvcc {nvcc}")
+        raise BuildError(f"DeepGEMM cannot be built: headers {inc}, nvcc {nvcc}")
     gt, inp = ("GroupedContiguous", "GroupedContiguousSchedulerInput") if contiguous else ("Normal", "NormalSchedulerInput")
     defs = {"QK_N": n, "QK_K": k, "QK_BM": cfg.block_m, "QK_BN": cfg.block_n, "QK_STAGES": cfg.stages, "QK_MC": cfg.multicast,
             "QK_GROUPS": groups, "QK_GT": gt, "QK_INPUT": inp}  # fmt: skip
@@ -225,7 +234,7 @@ def build(n: int, k: int, cfg: Config, groups: int = 1, contiguous: bool = False
             src.write_text(SOURCE)
             run = subprocess.run([nvcc, *flags, "-o", str(so), str(src)], capture_output=True, text=True)
             if run.returncode:
-                raise RuntimeError(f"DeepGEMM build failed for N={n} K={k} {cfg.name()}:\n{run.stderr[-3000:]}")
+                raise BuildError(f"DeepGEMM build failed for N={n} K={k} {cfg.name()}:\n{run.stderr[-3000:]}")
             os.replace(so, out)  # atomic: a concurrent builder of the same key leaves one whole file
     lib = ctypes.CDLL(str(out))
     lib.qk_launch.restype = ctypes.c_int

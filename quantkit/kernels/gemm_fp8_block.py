@@ -24,6 +24,7 @@ measured crossover table :data:`.scaled_mm.BY_SHAPE_FP8`, and says which through
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -183,9 +184,13 @@ def gemm_fp8_block_by_shape(a, a_scale, w, w_scale, bias=None, out_dtype=torch.b
     if choice == "cublas":
         return gemm_fp8_block_cublas(a, a_scale, w, w_scale, bias, out_dtype)
     if choice == "deepgemm":
-        from .deepgemm import gemm_fp8_block_deepgemm
+        from . import deepgemm
 
-        return gemm_fp8_block_deepgemm(a, a_scale, w, w_scale, bias, out_dtype)
+        try:
+            return deepgemm.gemm_fp8_block_deepgemm(a, a_scale, w, w_scale, bias, out_dtype)
+        except deepgemm.BuildError as err:  # e.g. an nvcc that cannot target sm_90a: Triton from now on
+            deepgemm.disable(a.device, str(err).splitlines()[0])
+            warnings.warn(f"by-shape: DeepGEMM disabled on {a.device}, running Triton ({str(err).splitlines()[0]})", stacklevel=2)
     return gemm_fp8_block(a, a_scale, w, w_scale, bias, out_dtype)
 
 

@@ -82,6 +82,31 @@ def test_availability_and_by_shape_fallback(monkeypatch):
     assert sm.by_shape_choice(64, 7168, 2048, cuda) == "triton"
 
 
+def test_by_shape_falls_back_to_triton_after_a_failed_build(monkeypatch):
+    from quantkit.kernels import gemm_fp8_block as g8
+
+    dev = torch.device("cuda")
+    monkeypatch.setattr(dg, "_AVAIL", {str(dev): dispatch.Availability(True, auto=False)})
+
+    def broken(*args, **kwargs):
+        raise dg.BuildError("DeepGEMM build failed for N=4096 K=2048: nvcc fatal")
+
+    monkeypatch.setattr(dg, "gemm_fp8_block_deepgemm", broken)
+    monkeypatch.setattr(g8, "gemm_fp8_block", lambda *args: "triton ran")
+    class Operand:  # what by-shape reads of its operands: shape, numel, device
+        def __init__(self, *shape):
+            self.shape, self.device = torch.Size(shape), dev
+
+        def numel(self):
+            return self.shape.numel()
+
+    a, w = Operand(64, 2048), Operand(4096, 2048)
+    with pytest.warns(UserWarning, match="DeepGEMM disabled on cuda, running Triton"):
+        assert g8.gemm_fp8_block_by_shape(a, None, w, None) == "triton ran"
+    assert not dg.available_cached(dev).ok and "nvcc fatal" in dg.available_cached(dev).reason
+    assert sm.by_shape_choice(64, 4096, 2048, dev) == "triton"
+
+
 @pytest.mark.skipif(not CAN_BUILD, reason="needs nvcc and FlashInfer's deep_gemm headers (or QUANTKIT_DEEPGEMM_INCLUDE)")
 def test_build_compiles_and_caches(tmp_path, monkeypatch):
     monkeypatch.setenv(dg.CACHE_ENV, str(tmp_path))

@@ -12,7 +12,9 @@ The kernel and its launch come from a table by M (:data:`FP8_BLOCK_CONFIGS`, mea
   and at M = 33-64 where the wgmma kernel would have few tiles or a very long K (:func:`small_m_prefers_skinny`)
   or cannot run;
 * larger M: :mod:`.gemm_wgmma` on sm_90 (warp-specialised Gluon kernel, persistent 128x128
-  tiles; split-K at M = 65-128 where K is long and tiles few) where :func:`.gemm_wgmma.why_not`
+  tiles; at M = 65-256 128x64 or 128x32 tiles where they give the SMs more work
+  (:func:`.gemm_wgmma.pick_block_n`) on an 8-stage ring, split-K where K is long and tiles still
+  few) where :func:`.gemm_wgmma.why_not`
   allows; elsewhere :mod:`.gemm_block_scaled` (:func:`tiled_fallback`: grouped order, 64x128 tiles on one warpgroup up to M = 512, then
   128x128 on two with TMA loads when rows are 16-byte aligned, else pointer loads -- the table's
   rules; an explicit ``config`` the operands cannot take raises instead).
@@ -63,7 +65,7 @@ SMALL_M = SkinnyConfig(block_n=64, waves=2, num_warps=4, num_stages=4)
 FP8_BLOCK_CONFIGS: ConfigTable = (
     (32, SMALL_M),
     (64, WgmmaConfig(stages=5, unroll=4)),
-    (128, WgmmaConfig(stages=5, unroll=4, split_k=0)),
+    (256, WgmmaConfig(stages=8, unroll=4, split_k=0, block_n=0)),  # sixteenth pass: 128x64 / 128x32 tiles where they fill the SMs
     (INT32_LIMIT, WgmmaConfig(stages=5, unroll=4)),
 )
 SMALL_M_MAX = 64  # the small-M kernel's range: past the table's row where the wgmma kernel starves or cannot run

@@ -37,21 +37,48 @@ OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 @dataclass(frozen=True)
 class WgmmaConfig:
-    """One launch of the warp-specialised kernel (128x128 tiles, one program per SM).
+    """One launch of the warp-specialised kernel (128 x ``block_n`` tiles, one program per SM).
 
-    ``stages``: shared-memory ring depth (32 KiB a stage); ``unroll``: K blocks per group, all
-    but the last promotion of a group overlapped with the tensor core; ``regs``: consumer
-    registers per thread; ``split_k``: K runs per tile (0: :func:`splits` fills the SMs)."""
+    ``stages``: shared-memory ring depth ((128 + block_n) x 128 bytes a stage); ``unroll``: K blocks
+    per group, all but the last promotion of a group overlapped with the tensor core; ``regs``:
+    consumer registers per thread; ``split_k``: K runs per tile (0: :func:`splits` fills the SMs);
+    ``block_n``: 128, 64 or 32 weight rows per tile, or 0 for :func:`pick_block_n`."""
 
     stages: int = 5
     unroll: int = 4
     group: int = 8
     regs: int = CONSUMER_REGS
     split_k: int = 1
+    block_n: int = BLOCK_N
 
     def name(self) -> str:
-        name = f"wgmma128x128/st{self.stages}/u{self.unroll}" + (f"/g{self.group}" if self.group != 8 else "")
+        bn = "auto" if self.block_n == 0 else str(self.block_n)
+        name = f"wgmma128x{bn}/st{self.stages}/u{self.unroll}" + (f"/g{self.group}" if self.group != 8 else "")
         return name + ("" if self.split_k == 1 else "/sauto" if self.split_k == 0 else f"/s{self.split_k}")
+
+
+BLOCK_NS = (128, 64, 32)
+
+
+SMEM_BYTES = 232448  # dynamic shared memory one program may use on sm_90
+
+
+def max_stages(bn: int, out_bytes: int) -> int:
+    """The deepest ring that fits beside the two [64, bn] output staging tiles and the barriers
+    (a config's ``stages`` is clamped to it: 6 at BN = 128, 11 at BN = 32)."""
+    return (SMEM_BYTES - 2 * (BLOCK_M // 2) * bn * out_bytes - 4096) // ((BLOCK_M + bn) * BLOCK_K)
+
+
+def pick_block_n(m: int, n: int, sms: int) -> int:
+    """DeepGEMM's rule over :data:`BLOCK_NS`: the fewest waves of tiles over the SMs, then the fullest
+    last wave, then the wider tile -- so few row blocks take narrow tiles that reach every SM
+    (M = 64, N = 4096: 32 tiles of 128 columns, 128 of 32) and many keep 128."""
+
+    def key(bn: int) -> tuple[int, int, int]:
+        tiles = cdiv(m, BLOCK_M) * cdiv(n, bn)
+        return (cdiv(tiles, sms), -(tiles % sms or sms), -bn)
+
+    return min(BLOCK_NS, key=key)
 
 
 MIN_SPLIT_BLOCKS = 28  # 128-deep K blocks per split at the least (thirteenth pass: shorter splits lost to one per tile)
@@ -64,7 +91,7 @@ def splits(m: int, n: int, k: int, cfg: WgmmaConfig, sms: int) -> tuple[int, int
     n_k = cdiv(k, BLOCK_K)
     want = cfg.split_k
     if want == 0:
-        tiles = cdiv(m, BLOCK_M) * cdiv(n, BLOCK_N)
+        tiles = cdiv(m, BLOCK_M) * cdiv(n, cfg.block_n or pick_block_n(m, n, sms))
         want = max(1, min(sms // tiles, n_k // MIN_SPLIT_BLOCKS))
     kper = cdiv(n_k, max(1, min(want, n_k)))
     return cdiv(n_k, kper), kper
@@ -157,21 +184,24 @@ def wgmma_mm(
     if m == 0 or n == 0:
         return out
     tma_store = (n * out.element_size()) % 16 == 0  # else masked stores: TMA needs 16-byte aligned output rows
-    c_desc = descriptor(out, BLOCK_M // 2, BLOCK_N) if tma_store else None
-    tiles = cdiv(m, BLOCK_M) * cdiv(n, BLOCK_N)
     sms = sm_count(out.device)
+    bn = cfg.block_n or pick_block_n(m, n, sms)
+    assert bn in BLOCK_NS, f"block_n must be one of {BLOCK_NS} (or 0: picked), got {bn}"
+    stages = min(cfg.stages, max_stages(bn, out.element_size()))
+    c_desc = descriptor(out, BLOCK_M // 2, bn) if tma_store else None
+    tiles = cdiv(m, BLOCK_M) * cdiv(n, bn)
     n_split, kper = splits(m, n, k, cfg, sms)
     part = count = out
-    if n_split > 1:  # [n_split, tiles, 2 halves, 64 x 128] float32 partials, one counter per half tile
+    if n_split > 1:  # [n_split, tiles, 2 halves, 64 x bn] float32 partials, one counter per half tile
         ws = workspace or WORKSPACE
-        part = ws.partials(n_split * tiles * BLOCK_M * BLOCK_N, out.device)
+        part = ws.partials(n_split * tiles * BLOCK_M * bn, out.device)
         count = ws.counters(tiles * 2, out.device)
     grid = (min(tiles * n_split, sms),)
     kernels().fp8_block_gemm_ws[grid](
-        descriptor(a.q, BLOCK_M, BLOCK_K), descriptor(w.q, BLOCK_N, BLOCK_K), c_desc, a.s, w.s,
+        descriptor(a.q, BLOCK_M, BLOCK_K), descriptor(w.q, bn, BLOCK_K), c_desc, a.s, w.s,
         bias if bias is not None else out, out, part, count, m, n, k,
         a.s.stride(0), a.s.stride(1), w.s.stride(0), w.s.stride(1), out.stride(0), n_split, kper,
-        BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K, STAGES=cfg.stages, UNROLL=cfg.unroll, GROUP=cfg.group,
+        BM=BLOCK_M, BN=bn, BK=BLOCK_K, STAGES=stages, UNROLL=cfg.unroll, GROUP=cfg.group,
         REGS=cfg.regs, LOADER_REGS=LOADER_REGS, HAS_BIAS=bias is not None, TMA_STORE=tma_store, SPLIT_K=n_split > 1, num_warps=4,
     )  # fmt: skip
     return out

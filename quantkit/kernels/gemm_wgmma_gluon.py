@@ -2,10 +2,11 @@
 (:func:`fp8_block_gemm_ws`), and the pipeline pieces (tile order, wgmma issue, the promoting K loop)
 that the fused MoE's grouped GEMMs in :mod:`.gemm_wgmma_moe_gluon` share.
 
-One program per SM loops over 128x128 output tiles in grouped order, split three ways
+One program per SM loops over 128xBN output tiles (BN 128, or 64 / 32 where few tiles would leave SMs idle)
+in grouped order, split three ways
 (``gl.warp_specialize``):
 
-* one TMA warp streams [128, 128] activation and [128, 128] weight tiles (E4M3) into a ring of
+* one TMA warp streams [128, 128] activation and [BN, 128] weight tiles (E4M3) into a ring of
   STAGES shared-memory stages (``ready`` / ``empty`` mbarriers), running ahead across tiles;
 * two consumer warpgroups, 64 rows each, issue ``wgmma`` for every 128-deep K block into a fresh
   float32 register tile and promote it into their accumulator times the block's activation-row
@@ -72,7 +73,8 @@ def _issue(a_smem, w_smem, ready, c, zero, HALF: gl.constexpr, HM: gl.constexpr,
         d_u = warpgroup_mma(a, w_smem.index(s).slice(wb + 64, 64).permute((1, 0)), zero, use_acc=False, is_async=True)
         return d_g, d_u
     else:
-        d = warpgroup_mma(a, w_smem.index(s).slice(wb, 128).permute((1, 0)), zero, use_acc=False, is_async=True)
+        WN: gl.constexpr = zero.shape[1]  # weight rows per wgmma: the tile's BN
+        d = warpgroup_mma(a, w_smem.index(s).slice(wb, WN).permute((1, 0)), zero, use_acc=False, is_async=True)
         return d, d
 
 
@@ -270,7 +272,7 @@ def _consumer(
         tile, pm, pn, kb0, nb = _unit(t, n_m, n_n, n_k, SPLITS, KPER, GROUP)
         row0 = pm * BM + HALF * HM
         a_sc = as_ptr + gl.minimum(row0 + gl.arange(0, HM, layout=row_l), M - 1) * sasm + kb0 * sask
-        w_sc = ws_ptr + ((pn * BN) // BK_SCALE) * swsn + kb0 * swsk  # BN == 128: one weight scale per K block
+        w_sc = ws_ptr + ((pn * BN) // BK_SCALE) * swsn + kb0 * swsk  # BN divides 128: one weight scale per K block
         acc = gl.zeros([HM, BN], gl.float32, mma)
         acc, _, c = _k_loop(a_smem, w_smem, ready, empty, acc, acc, zero, c, nb, nb - 1, kcol, a_sc, sask, w_sc, w_sc, swsk,
                             HALF, HM, STAGES, UNROLL, False, False)  # fmt: skip

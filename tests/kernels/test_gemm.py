@@ -301,7 +301,11 @@ def test_config_tables_and_split_rules():
     assert isinstance(pick_config(MXFP8_CONFIGS, 64), SkinnyConfig) and isinstance(pick_config(W128_CONFIGS, 64), SkinnyConfig)
     assert isinstance(pick_config(MXFP8_CONFIGS, 65), Config) and isinstance(pick_config(W128_CONFIGS, 65), Config)
     assert isinstance(pick_config(FP8_BLOCK_CONFIGS, 65), WgmmaConfig)
-    assert [pick_config(FP8_BLOCK_CONFIGS, m).split_k for m in (33, 64, 65, 128, 129, 8192)] == [1, 1, 0, 0, 1, 1], "split-K at M = 65-128 only"
+    ms = (33, 64, 65, 128, 129, 256, 257, 8192)
+    assert [pick_config(FP8_BLOCK_CONFIGS, m).split_k for m in ms] == [1, 1, 0, 0, 0, 0, 1, 1], "split-K asked at M = 65-256 only"
+    assert [pick_config(FP8_BLOCK_CONFIGS, m).block_n for m in ms] == [128, 128, 0, 0, 0, 0, 128, 128], "narrow tiles picked at M = 65-256"
+    # narrow tiles first: DeepSeek-V3 o at M = 128 takes 112 tiles of 64 columns, which fill the SMs without a split
+    assert wgmma_splits(128, 7168, 16384, WgmmaConfig(split_k=0, block_n=0), 132) == (1, 128)
     # DeepSeek-V3 o at M = 128: 56 tiles, 128 K-blocks -> 2 runs of 64; q_a+kv_a (17 tiles, 56 blocks) -> 2 of 28
     assert wgmma_splits(128, 7168, 16384, WgmmaConfig(split_k=0), 132) == (2, 64)
     assert wgmma_splits(100, 2112, 7168, WgmmaConfig(split_k=0), 132) == (2, 28)

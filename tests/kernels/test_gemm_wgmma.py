@@ -72,7 +72,19 @@ def test_explicit_config_raises_with_the_rule(gen):
         gemm_fp8_block(a, sa, q, sw, config=WgmmaConfig())
 
 
+def test_pick_block_n_fills_the_sms():
+    from quantkit.kernels.gemm_wgmma import pick_block_n
+
+    # M = 64, N = 4096 on 132 SMs: 32 / 64 / 128 tiles of 128 / 64 / 32 columns, one wave each: the fullest wins
+    assert pick_block_n(64, 4096, 132) == 32
+    # M = 128, N = 7168: 56 / 112 / 224 tiles: 1 / 1 / 2 waves, 112 fills more of its wave than 56
+    assert pick_block_n(128, 7168, 132) == 64
+    # M = 1024, N = 7168: 448 tiles (4 waves) at 128 columns against 7 and 14 waves: wide tiles stay
+    assert pick_block_n(1024, 7168, 132) == 128
+
+
 def test_config_names():
+    assert WgmmaConfig(block_n=0).name() == "wgmma128xauto/st5/u4" and WgmmaConfig(block_n=32, stages=8).name() == "wgmma128x32/st8/u4"
     assert WgmmaConfig().name() == "wgmma128x128/st5/u4"
     assert WgmmaConfig(stages=4, unroll=2, group=16).name() == "wgmma128x128/st4/u2/g16"
     assert WgmmaConfig(split_k=0).name() == "wgmma128x128/st5/u4/sauto" and WgmmaConfig(split_k=2).name() == "wgmma128x128/st5/u4/s2"
@@ -133,16 +145,18 @@ def _assert_pipelined(ptx: str, facts: dict, report: str) -> None:
 
 
 @pytest.mark.skipif(gluon_missing() is not None, reason="the installed Triton has no Gluon Hopper API")
-@pytest.mark.parametrize("tma_store,bias,split_k", [(True, True, False), (False, False, False), (True, False, True), (False, True, True)])
-def test_sm90_build_overlaps_the_promotion_without_serialising(tmp_path, tma_store, bias, split_k):
+@pytest.mark.parametrize("tma_store,bias,split_k,bn", [(True, True, False, 128), (False, False, False, 128), (True, False, True, 128),
+                                                      (False, True, True, 128), (True, False, False, 32), (True, True, True, 64)])
+def test_sm90_build_overlaps_the_promotion_without_serialising(tmp_path, tma_store, bias, split_k, bn):
     cfg = WgmmaConfig()
-    consts = {"BM": 128, "BN": 128, "BK": 128, "STAGES": cfg.stages, "UNROLL": cfg.unroll, "GROUP": cfg.group, "REGS": cfg.regs,
+    consts = {"BM": 128, "BN": bn, "BK": 128, "STAGES": cfg.stages, "UNROLL": cfg.unroll, "GROUP": cfg.group, "REGS": cfg.regs,
               "LOADER_REGS": LOADER_REGS, "HAS_BIAS": bias, "TMA_STORE": tma_store, "SPLIT_K": split_k}  # fmt: skip
     if not tma_store:
         consts["c_desc"] = None
     types = {"as_ptr": "*fp32", "ws_ptr": "*fp32", "bias_ptr": "*bf16", "c_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32",
-             "a_desc": ["fp8e4nv", 128, 128], "w_desc": ["fp8e4nv", 128, 128], "c_desc": ["bf16", 64, 128]}  # fmt: skip
+             "a_desc": ["fp8e4nv", 128, 128], "w_desc": ["fp8e4nv", bn, 128], "c_desc": ["bf16", 64, bn]}  # fmt: skip
     ptx, facts, report = _build_sm90(tmp_path, "fp8_block_gemm_ws", consts, types)
+    assert f"n{bn}k32" in ptx, f"wgmma instructions {bn} columns wide"
     _assert_pipelined(ptx, facts, report)
     assert ptx.count("wgmma.mma_async") >= 4 * 4, "UNROLL=4 groups of 128-deep blocks, 4 k32 wgmma each"
     assert ("cp.async.bulk.tensor.2d.global.shared" in ptx) == tma_store, "TMA-store epilogue exactly when asked"

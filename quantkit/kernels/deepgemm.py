@@ -5,10 +5,11 @@ PyPI's ``deep-gemm`` cannot be installed (an sdist without its CUDA headers), bu
 (``flashinfer/data/csrc/nv_internal/tensorrt_llm/deep_gemm``: ``fp8_gemm_kernel``, the
 warp-specialised TMA + wgmma GEMM with per-128 promotion, persistent, TMA multicast).  This
 module compiles that kernel with ``nvcc`` for one (N, K, tiles) at a time, as DeepGEMM itself does
-at run time, into ``$QUANTKIT_CACHE_DIR`` (default ``~/.cache/quantkit``)/deepgemm, and launches it
-through a small C entry point of our own (TMA descriptors, cluster launch) loaded with ctypes.
-Nothing here is imported unless asked for; without FlashInfer's headers, ``nvcc`` or an sm_90
-device, :func:`available` says which is missing.
+at run time, into ``~/.cache/quantkit/deepgemm``, and launches it through a small C entry point of
+our own (TMA descriptors, cluster launch) loaded with ctypes.  :func:`configure` sets another
+header folder, nvcc or cache folder (the package reads no environment variables).  Nothing here is
+imported unless asked for; without FlashInfer's headers, ``nvcc`` or an sm_90 device,
+:func:`available` says which is missing.
 
 Operands (the kernel's rules): A E4M3 [M, K] row-major; its scales F32 MN-major
 [ceil(K/128), M rounded up to 4] (:func:`prepare_act`); W E4M3 [N, K] (K-major) with F32 scales
@@ -40,8 +41,28 @@ from .dispatch import capability
 
 BLOCK = 128
 SM90_SMEM = 232448  # bytes of dynamic shared memory a block may use on sm_90
-INCLUDE_ENV = "QUANTKIT_DEEPGEMM_INCLUDE"  # a tensorrt_llm folder holding deep_gemm/ (else FlashInfer's)
-CACHE_ENV = "QUANTKIT_CACHE_DIR"
+NVCC_DEFAULT = Path("/usr/local/cuda/bin/nvcc")  # where nvcc is not on PATH
+
+
+@dataclass
+class Settings:
+    """Where the headers, nvcc and the built kernels are (None: FlashInfer's headers, nvcc on PATH
+    or :data:`NVCC_DEFAULT`, ``~/.cache/quantkit/deepgemm``)."""
+
+    include_dir: Path | None = None  # a folder holding deep_gemm/fp8_gemm_impl.cuh
+    nvcc: Path | None = None
+    cache_dir: Path | None = None
+
+
+SETTINGS = Settings()
+
+
+def configure(include_dir: str | Path | None = None, nvcc: str | Path | None = None, cache_dir: str | Path | None = None) -> None:
+    """Set where DeepGEMM's headers, nvcc and the kernel cache are (call before the first GEMM)."""
+    SETTINGS.include_dir = Path(include_dir) if include_dir else None
+    SETTINGS.nvcc = Path(nvcc) if nvcc else None
+    SETTINGS.cache_dir = Path(cache_dir) if cache_dir else None
+    _AVAIL.clear()
 PRIORITY = 4  # explicit only: the first call for a shape compiles (about 4 s)
 
 SOURCE = r"""
@@ -119,10 +140,9 @@ class Config:
 
 
 def include_dir() -> Path | None:
-    """The folder holding ``deep_gemm/fp8_gemm_impl.cuh``: $QUANTKIT_DEEPGEMM_INCLUDE, else FlashInfer's."""
-    env = os.environ.get(INCLUDE_ENV)
-    if env:
-        roots = [Path(env)]
+    """The folder holding ``deep_gemm/fp8_gemm_impl.cuh``: the configured one, else FlashInfer's."""
+    if SETTINGS.include_dir is not None:
+        roots = [SETTINGS.include_dir]
     else:
         spec = importlib.util.find_spec("flashinfer")  # finds the package without importing it
         roots = [Path(p) / "data" / "csrc" / "nv_internal" / "tensorrt_llm" for p in (spec.submodule_search_locations or [])] if spec else []
@@ -130,10 +150,9 @@ def include_dir() -> Path | None:
 
 
 def nvcc_path() -> str | None:
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home and (Path(home) / "bin" / "nvcc").is_file():
-        return str(Path(home) / "bin" / "nvcc")
-    return shutil.which("nvcc")
+    if SETTINGS.nvcc is not None:
+        return str(SETTINGS.nvcc) if SETTINGS.nvcc.is_file() else None
+    return shutil.which("nvcc") or (str(NVCC_DEFAULT) if NVCC_DEFAULT.is_file() else None)
 
 
 def available(device: torch.device) -> dispatch.Availability:
@@ -143,9 +162,9 @@ def available(device: torch.device) -> dispatch.Availability:
     if (major, minor) != (9, 0):
         return dispatch.Availability(False, reason=f"DeepGEMM's fp8_gemm_kernel is sm_90a-only, got sm_{major}{minor}")
     if include_dir() is None:
-        return dispatch.Availability(False, reason=f"no deep_gemm headers: install flashinfer-python (0.5.x ships them) or set {INCLUDE_ENV}")
+        return dispatch.Availability(False, reason="no deep_gemm headers: install flashinfer-python (0.5.x ships them) or deepgemm.configure(include_dir=...)")
     if nvcc_path() is None:
-        return dispatch.Availability(False, reason="no nvcc (set CUDA_HOME): DeepGEMM kernels are compiled per shape")
+        return dispatch.Availability(False, reason="no nvcc on PATH (or deepgemm.configure(nvcc=...)): DeepGEMM kernels are compiled per shape")
     return dispatch.Availability(True, auto=False, reason="explicit only: compiles each (N, K) on first use")
 
 
@@ -207,7 +226,7 @@ _LOCK = threading.Lock()
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "quantkit") / "deepgemm"
+    return SETTINGS.cache_dir or Path.home() / ".cache" / "quantkit" / "deepgemm"
 
 
 def build(n: int, k: int, cfg: Config, groups: int = 1, contiguous: bool = False) -> ctypes.CDLL:

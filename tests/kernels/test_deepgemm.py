@@ -4,6 +4,9 @@ H200 (-m gpu) the kernel against the float32 reference, grouped contiguous, CUDA
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 from .test_gemm import assert_gemm_close, fp8_block_case
@@ -14,6 +17,9 @@ from quantkit.kernels import dispatch
 from quantkit.kernels import scaled_mm as sm
 
 HAS_CUDA = torch.cuda.is_available()
+HEADERS = os.environ.get("QUANTKIT_TEST_DEEPGEMM_INCLUDE")  # a tensorrt_llm folder with deep_gemm/, where FlashInfer is not installed
+if HEADERS:
+    dg.configure(include_dir=HEADERS)
 CAN_BUILD = dg.include_dir() is not None and dg.nvcc_path() is not None
 
 
@@ -109,11 +115,25 @@ def test_by_shape_falls_back_to_triton_after_a_failed_build(monkeypatch):
 
 @pytest.mark.skipif(not CAN_BUILD, reason="needs nvcc and FlashInfer's deep_gemm headers (or QUANTKIT_DEEPGEMM_INCLUDE)")
 def test_build_compiles_and_caches(tmp_path, monkeypatch):
-    monkeypatch.setenv(dg.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(dg.SETTINGS, "cache_dir", tmp_path)
     cfg = dg.best_config(256, 512, 256, 132)
     lib = dg.build(512, 256, cfg)
-    assert hasattr(lib, "qk_launch") and len(list((tmp_path / "deepgemm").glob("*.so"))) == 1
+    assert hasattr(lib, "qk_launch") and len(list(tmp_path.glob("*.so"))) == 1
     assert dg.build(512, 256, cfg) is lib
+
+
+def test_configure_points_at_other_headers_and_nvcc(tmp_path):
+    saved = (dg.SETTINGS.include_dir, dg.SETTINGS.nvcc, dg.SETTINGS.cache_dir)
+    try:
+        dg.configure(include_dir=tmp_path, nvcc=tmp_path / "nvcc", cache_dir=tmp_path / "c")
+        assert dg.include_dir() is None and dg.nvcc_path() is None, "an empty folder has no headers, a missing nvcc is none"
+        (tmp_path / "deep_gemm").mkdir()
+        (tmp_path / "deep_gemm" / "fp8_gemm_impl.cuh").write_text("")
+        (tmp_path / "nvcc").write_text("")
+        assert dg.include_dir() == tmp_path and dg.nvcc_path() == str(tmp_path / "nvcc") and dg._cache_dir() == tmp_path / "c"
+    finally:
+        dg.configure(*saved)
+    assert isinstance(dg._cache_dir(), Path)
 
 
 # ---- GPU ----------------------------------------------------------------------------------------

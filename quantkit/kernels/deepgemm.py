@@ -318,8 +318,9 @@ def gemm_prepared(a: torch.Tensor, sa: torch.Tensor, dw: DeepGemmWeight, m_indic
     lib = build(dw.n, kp, cfg, dw.groups, contiguous)
     out = torch.empty((m, dw.n), dtype=torch.bfloat16, device=a.device) if out is None else out
     layout = m_indices.data_ptr() if contiguous else 0
-    stream = torch.cuda.current_stream(a.device).cuda_stream
-    rc = lib.qk_launch(a.data_ptr(), sa.data_ptr(), dw.w.data_ptr(), dw.scale.data_ptr(), out.data_ptr(), layout, m, sms, cfg.smem, stream)
+    with torch.cuda.device(a.device):  # the runtime launches on its current device
+        stream = torch.cuda.current_stream(a.device).cuda_stream
+        rc = lib.qk_launch(a.data_ptr(), sa.data_ptr(), dw.w.data_ptr(), dw.scale.data_ptr(), out.data_ptr(), layout, m, sms, cfg.smem, stream)
     if rc:
         raise RuntimeError(f"DeepGEMM launch failed (code {rc}) for M={m} N={dw.n} K={kp} {cfg.name()}")
     return out

@@ -183,6 +183,8 @@ def gemm_fp8_block_by_shape(a, a_scale, w, w_scale, bias=None, out_dtype=torch.b
     """cuBLAS, DeepGEMM or Triton per :func:`.scaled_mm.by_shape_choice` (which says what runs)."""
     m = a.numel() // a.shape[-1]
     choice = by_shape_choice(m, *w.shape, device=a.device)
+    if choice == "deepgemm" and out_dtype != torch.bfloat16:
+        choice = "triton"  # DeepGEMM writes bf16: a float32 output would lose its bits
     if choice == "cublas":
         return gemm_fp8_block_cublas(a, a_scale, w, w_scale, bias, out_dtype)
     if choice == "deepgemm":

@@ -63,10 +63,14 @@ BLOCK_NS = (128, 64, 32)
 SMEM_BYTES = 232448  # dynamic shared memory one program may use on sm_90
 
 
-def max_stages(bn: int, out_bytes: int) -> int:
-    """The deepest ring that fits beside the two [64, bn] output staging tiles and the barriers
-    (a config's ``stages`` is clamped to it: 6 at BN = 128, 11 at BN = 32)."""
-    return (SMEM_BYTES - 2 * (BLOCK_M // 2) * bn * out_bytes - 4096) // ((BLOCK_M + bn) * BLOCK_K)
+def ring_stages(stages: int, bn: int, out_bytes: int) -> int:
+    """``stages`` where the ring fits beside the two [64, bn] output staging tiles and the barriers,
+    else the deepest ring that fits with 4 KiB to spare (5 / 8 / 10 stages at BN = 128 / 64 / 32,
+    bf16 out): a picked BN keeps the row's depth only where it fits."""
+    staging, per = 2 * (BLOCK_M // 2) * bn * out_bytes, (BLOCK_M + bn) * BLOCK_K
+    if staging + stages * per + 1024 <= SMEM_BYTES:
+        return stages
+    return (SMEM_BYTES - staging - 4096) // per
 
 
 def pick_block_n(m: int, n: int, sms: int) -> int:
@@ -187,7 +191,7 @@ def wgmma_mm(
     sms = sm_count(out.device)
     bn = cfg.block_n or pick_block_n(m, n, sms)
     assert bn in BLOCK_NS, f"block_n must be one of {BLOCK_NS} (or 0: picked), got {bn}"
-    stages = min(cfg.stages, max_stages(bn, out.element_size()))
+    stages = ring_stages(cfg.stages, bn, out.element_size())
     c_desc = descriptor(out, BLOCK_M // 2, bn) if tma_store else None
     tiles = cdiv(m, BLOCK_M) * cdiv(n, bn)
     n_split, kper = splits(m, n, k, cfg, sms)

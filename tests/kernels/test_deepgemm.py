@@ -107,6 +107,7 @@ def test_by_shape_falls_back_to_triton_after_a_failed_build(monkeypatch):
             return self.shape.numel()
 
     a, w = Operand(64, 2048), Operand(4096, 2048)
+    assert g8.gemm_fp8_block_by_shape(a, None, w, None, None, torch.float32) == "triton ran", "DeepGEMM writes bf16 only"
     with pytest.warns(UserWarning, match="DeepGEMM disabled on cuda, running Triton"):
         assert g8.gemm_fp8_block_by_shape(a, None, w, None) == "triton ran"
     assert not dg.available_cached(dev).ok and "nvcc fatal" in dg.available_cached(dev).reason

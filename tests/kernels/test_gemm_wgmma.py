@@ -83,6 +83,15 @@ def test_pick_block_n_fills_the_sms():
     assert pick_block_n(1024, 7168, 132) == 128
 
 
+def test_ring_stages_keep_a_depth_that_fits():
+    from quantkit.kernels.gemm_wgmma import ring_stages
+
+    # [64, bn] x 2 staging + (128 + bn) x 128 bytes a stage within 232448 bytes
+    assert [ring_stages(8, bn, 2) for bn in (128, 64, 32)] == [5, 8, 8]
+    assert ring_stages(5, 128, 4) == 5, "the large-M row's 5 stages with float32 out fit (229376 bytes): kept"
+    assert ring_stages(10, 32, 2) == 10 and ring_stages(12, 32, 2) == 10
+
+
 def test_config_names():
     assert WgmmaConfig(block_n=0).name() == "wgmma128xauto/st5/u4" and WgmmaConfig(block_n=32, stages=8).name() == "wgmma128x32/st8/u4"
     assert WgmmaConfig().name() == "wgmma128x128/st5/u4"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from .test_gemm import assert_gemm_close, fp8_block_case
+from .test_gemm_cublas import check_fp8_backend
 
 from quantkit.formats import fp8_block
 from quantkit.kernels import deepgemm as dg
@@ -148,11 +149,7 @@ needs_dg = pytest.mark.skipif(not GPU_OK, reason="needs sm_90, nvcc and the deep
 @pytest.mark.parametrize("m,n,k", [(1, 2112, 7168), (37, 4096, 512), (130, 2880, 2880), (1024, 7168, 2048)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_gpu_dense(gen, m, n, k, bias):
-    a, sa, q, sw, b = fp8_block_case(m, n, k, gen, bias, "cuda")
-    ref = sm.gemm_fp8_block_ref(a, sa, q, sw, b, torch.float32)
-    out = dispatch.call("gemm_fp8_block", a, sa, q, sw, b, backend="deepgemm")
-    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
-    assert_gemm_close(out, ref, f"deepgemm {m}x{n}x{k} bias={bias}", 1e-3)
+    check_fp8_backend(gen, m, n, k, bias, "deepgemm", "deepgemm")
 
 
 @pytest.mark.gpu

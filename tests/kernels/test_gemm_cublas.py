@@ -123,16 +123,23 @@ def test_by_shape_rule():
 # ---- GPU ----------------------------------------------------------------------------------------
 
 
+def check_fp8_backend(gen, m: int, n: int, k: int, bias: bool, backend: str, what: str) -> tuple[tuple, torch.Tensor]:
+    """One random fp8-block case on CUDA through ``backend``, checked against the float32 reference;
+    returns the operands and the reference."""
+    a, sa, q, sw, b = fp8_block_case(m, n, k, gen, bias, "cuda")
+    ref = sm.gemm_fp8_block_ref(a, sa, q, sw, b, torch.float32)
+    out = dispatch.call("gemm_fp8_block", a, sa, q, sw, b, backend=backend)
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    assert_gemm_close(out, ref, f"{what} {m}x{n}x{k} bias={bias}", 1e-3)
+    return (a, sa, q, sw, b), ref
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("m,n,k", [(1, 2112, 2880), (5, 2112, 2880), (64, 2112, 7168), (1024, 2880, 2880), (1024, 4096, 7168)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_gpu_cublas_backend(gen, m, n, k, bias):
-    a, sa, q, sw, b = fp8_block_case(m, n, k, gen, bias, "cuda")
-    ref = sm.gemm_fp8_block_ref(a, sa, q, sw, b, torch.float32)
-    out = dispatch.call("gemm_fp8_block", a, sa, q, sw, b, backend="cublas")
-    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
-    assert_gemm_close(out, ref, f"cuBLAS ({sm.api()}) {m}x{n}x{k} bias={bias}", 1e-3)
+    (a, sa, q, sw, b), ref = check_fp8_backend(gen, m, n, k, bias, "cublas", f"cuBLAS ({sm.api()})")
     out = dispatch.call("gemm_fp8_block", a, sa, q, sw, b)  # auto -> by-shape
     assert dispatch.which("gemm_fp8_block", a.device) == "by-shape"
     assert_gemm_close(out, ref, f"by-shape ({sm.by_shape_choice(m, n, k)}) {m}x{n}x{k}", 1e-3)

@@ -54,7 +54,8 @@ INT32_LIMIT = 2**31
 # graph times over the 14 shapes: faster on 0 / 2 / 9 / 14 / 13 / 11 / 9 / 4 of 14 at M = 1 / 16 / 32 / 64 /
 # 128 / 256 / 512 / 1024 (geomean 0.59 / 0.74 / 1.07 / 1.57 / 1.39 / 1.20 / 1.04 / 0.96x).  Through by-shape
 # it pays one more launch (the activation scales transposed to MN-major), and from M = 65 the Triton op's
-# narrow-tile row (same pass) comes within 0.93 / 0.94x of DeepGEMM's prepared time, so by-shape runs it at
+# narrow-tile row (same pass) runs at 0.92 / 0.94x DeepGEMM's prepared speed at M = 128 / 256, above what
+# by-shape got from DeepGEMM there (1.28 against 1.14x cuBLAS at M = 128), so by-shape runs it at
 # M = 33-64 only, where it can (the headers, nvcc, sm_90, N % 8 == 0), K % 128 == 0 (a K that needs padding
 # would copy the weight per call) and K >= 1024 (DeepSeek-V3 kv_b, K = 512, lost: 0.93x): 1.08-1.54x the
 # Triton op at M = 64 on the 11 shapes it takes.

@@ -310,6 +310,8 @@ def gemm_prepared(a: torch.Tensor, sa: torch.Tensor, dw: DeepGemmWeight, m_indic
                   out: torch.Tensor | None = None, cfg: Config | None = None) -> torch.Tensor:  # fmt: skip
     """One launch on prepared operands -> bf16 [M, N]; ``m_indices`` makes it grouped contiguous."""
     m, kp = a.shape
+    if m == 0:  # a TMA descriptor cannot describe zero rows
+        return torch.empty((0, dw.n), dtype=torch.bfloat16, device=a.device) if out is None else out
     contiguous = m_indices is not None
     if contiguous and m % BLOCK:
         raise ValueError(f"DeepGEMM grouped contiguous: M={m} rows must be padded to a multiple of {BLOCK} per expert")

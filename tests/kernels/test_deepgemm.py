@@ -76,6 +76,12 @@ def test_prepare_act_scales_are_mn_major(gen, m):
     assert torch.equal(st[:, :m], sa.t()) and not st[:, m:].any()
 
 
+def test_no_rows_no_launch():
+    dw = dg.prepare_weight(torch.zeros(256, 256, dtype=torch.float8_e4m3fn), torch.ones(2, 2))
+    out = dg.gemm_prepared(torch.zeros(0, 256, dtype=torch.float8_e4m3fn), torch.zeros(2, 0), dw)
+    assert out.shape == (0, 256) and out.dtype == torch.bfloat16
+
+
 def test_availability_and_by_shape_fallback(monkeypatch):
     assert not dg.available(torch.device("cpu")).ok and "CUDA" in dg.available(torch.device("cpu")).reason
     assert sm.by_shape_choice(64, 7168, 2048) == "triton"  # no device: never DeepGEMM

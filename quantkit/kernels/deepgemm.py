@@ -23,6 +23,7 @@ row; W stacked [E * N, K], scales [E, ceil(N/128), K/128].
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import importlib.util
 import os
@@ -34,10 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from . import dispatch
-from .dispatch import capability
+from .dispatch import capability, sm_count
+from .scaled_mm import mn_major_scales, pad_k
 
 BLOCK = 128
 SM90_SMEM = 232448  # bytes of dynamic shared memory a block may use on sm_90
@@ -192,6 +193,7 @@ def smem_size(stages: int, k: int, block_m: int, block_n: int) -> int:
     return block_m * block_n * 2 + stages * (block_m * BLOCK + block_n * BLOCK + block_m * 4) + sb + stages * 16
 
 
+@functools.lru_cache(maxsize=1024)  # asked on every launch; a pure function of its ints
 def best_config(m: int, n: int, k: int, num_sms: int, groups: int = 1, contiguous: bool = False) -> Config:
     """DeepGEMM's choice: the BLOCK_N in 16..128 (step 8) with the fewest waves, then the fullest last
     wave, then the smaller tile; the most stages that fit; a 2-block cluster (TMA multicast of A)
@@ -283,27 +285,13 @@ def prepare_weight(w: torch.Tensor, w_scale: torch.Tensor) -> DeepGemmWeight:
         raise ValueError(f"DeepGEMM: weight scales {tuple(w_scale.shape)} do not fit a weight {tuple(w.shape)} (need [ceil(N/128), ceil(K/128)])")
     if n % 8:
         raise ValueError(f"DeepGEMM: N={n} is not a multiple of 8 (the output rows are stored by TMA in 16-byte units)")
-    w8 = w.view(torch.uint8)
-    if k % BLOCK:
-        w8 = F.pad(w8, (0, kb * BLOCK - k))
-    return DeepGemmWeight(w8.reshape(groups * n, kb * BLOCK).contiguous().view(torch.float8_e4m3fn), w_scale.to(torch.float32).contiguous(), n, k, groups)
+    wp = pad_k(w, kb * BLOCK).reshape(groups * n, kb * BLOCK).contiguous()
+    return DeepGemmWeight(wp, w_scale.to(torch.float32).contiguous(), n, k, groups)
 
 
 def prepare_act(a: torch.Tensor, a_scale: torch.Tensor, k_pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """[M, K] E4M3 + F32 [M, ceil(K/128)] -> (row-major [M, K'] zero-padded, MN-major scales [kb, M4])."""
-    m, k = a.shape
-    if k_pad != k:
-        a = F.pad(a.view(torch.uint8), (0, k_pad - k)).view(torch.float8_e4m3fn)
-    m4 = -(-m // 4) * 4
-    if m4 == m:
-        return a.contiguous(), a_scale.to(torch.float32).t().contiguous()  # one transposing copy
-    sa = torch.zeros((a_scale.shape[1], m4), dtype=torch.float32, device=a.device)
-    sa[:, :m].copy_(a_scale.t())
-    return a.contiguous(), sa
-
-
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return pad_k(a, k_pad).contiguous(), mn_major_scales(a_scale, -(-a.shape[0] // 4) * 4)
 
 
 def gemm_prepared(a: torch.Tensor, sa: torch.Tensor, dw: DeepGemmWeight, m_indices: torch.Tensor | None = None,
@@ -315,7 +303,7 @@ def gemm_prepared(a: torch.Tensor, sa: torch.Tensor, dw: DeepGemmWeight, m_indic
     contiguous = m_indices is not None
     if contiguous and m % BLOCK:
         raise ValueError(f"DeepGEMM grouped contiguous: M={m} rows must be padded to a multiple of {BLOCK} per expert")
-    sms = _num_sms(a.device)
+    sms = sm_count(a.device)
     cfg = cfg or best_config(config_m(m), dw.n, kp, sms, 1, contiguous)
     lib = build(dw.n, kp, cfg, dw.groups, contiguous)
     out = torch.empty((m, dw.n), dtype=torch.bfloat16, device=a.device) if out is None else out
@@ -340,4 +328,4 @@ def gemm_fp8_block_deepgemm(a, a_scale, w, w_scale, bias=None, out_dtype=torch.b
     return y.reshape(*a.shape[:-1], dw.n)
 
 
-dispatch.register("gemm_fp8_block", "deepgemm", gemm_fp8_block_deepgemm, available=available, priority=PRIORITY)
+dispatch.register("gemm_fp8_block", "deepgemm", gemm_fp8_block_deepgemm, available=available_cached, priority=PRIORITY)

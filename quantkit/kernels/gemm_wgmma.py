@@ -19,7 +19,7 @@ and compiles the kernel for sm_90 (tests/kernels/test_gemm_wgmma.py); the H200 c
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 
 import torch
@@ -189,7 +189,8 @@ def wgmma_mm(
         return out
     tma_store = (n * out.element_size()) % 16 == 0  # else masked stores: TMA needs 16-byte aligned output rows
     sms = sm_count(out.device)
-    bn = cfg.block_n or pick_block_n(m, n, sms)
+    cfg = replace(cfg, block_n=cfg.block_n or pick_block_n(m, n, sms))  # picked once: splits() sees the same tiles
+    bn = cfg.block_n
     assert bn in BLOCK_NS, f"block_n must be one of {BLOCK_NS} (or 0: picked), got {bn}"
     stages = ring_stages(cfg.stages, bn, out.element_size())
     c_desc = descriptor(out, BLOCK_M // 2, bn) if tma_store else None

@@ -103,15 +103,29 @@ class CublasWeight:
     k: int  # the true K; mat_b has K' = K rounded up to 128 (zero columns)
 
 
+def pad_k(t: torch.Tensor, k_pad: int) -> torch.Tensor:
+    """E4M3 [..., K] with zero columns up to ``k_pad`` (the tensor itself when K == k_pad)."""
+    k = t.shape[-1]
+    return t if k == k_pad else F.pad(t.view(torch.uint8), (0, k_pad - k)).view(torch.float8_e4m3fn)
+
+
+def mn_major_scales(a_scale: torch.Tensor, rows: int) -> torch.Tensor:
+    """F32 [M, kb] activation scales -> contiguous [kb, rows] (rows >= M, the extra columns zero):
+    the MN-major layout cuBLAS (as its transpose) and DeepGEMM read."""
+    m = a_scale.shape[0]
+    alloc = torch.empty if rows == m else torch.zeros  # zeros only where there are padding columns
+    sa = alloc((a_scale.shape[1], rows), dtype=torch.float32, device=a_scale.device)  # strides (rows, 1), even for M = 1
+    sa[:, :m].copy_(a_scale.t())  # one transposing copy
+    return sa
+
+
 def prepare_weight(w: torch.Tensor, w_scale: torch.Tensor) -> CublasWeight:
     """W E4M3 [N, K] + F32 [ceil(N/128), ceil(K/128)] -> cuBLAS layout (copies only when K % 128 != 0)."""
     n, k = w.shape
     kb = -(-k // BLOCK)
     assert tuple(w_scale.shape) == (-(-n // BLOCK), kb), f"weight scales {tuple(w_scale.shape)} do not fit {tuple(w.shape)}"
     assert n % 16 == 0, f"cuBLAS FP8 needs N % 16 == 0, got N={n}"
-    if k % BLOCK:
-        w = F.pad(w.view(torch.uint8), (0, kb * BLOCK - k)).view(torch.float8_e4m3fn)  # [N, K'] zero columns
-    w = w.contiguous()
+    w = pad_k(w, kb * BLOCK).contiguous()  # [N, K'] zero columns
     l4 = -(-kb // 4) * 4
     sb = F.pad(w_scale.to(torch.float32), (0, l4 - kb)).contiguous()  # [nb, L4]
     return CublasWeight(w.t(), sb.t(), n, k)
@@ -124,9 +138,7 @@ def prepare_act(a: torch.Tensor, a_scale: torch.Tensor, k_pad: int, m_align: int
     m_pad = -(-m // m_align) * m_align
     if k_pad != k or m_pad != m:
         a = F.pad(a.view(torch.uint8), (0, k_pad - k, 0, m_pad - m)).view(torch.float8_e4m3fn)
-    sa = torch.zeros((a_scale.shape[1], m_pad), dtype=torch.float32, device=a.device).t()  # [M', kb] col-major
-    sa[:m].copy_(a_scale)
-    return a.contiguous(), sa
+    return a.contiguous(), mn_major_scales(a_scale, m_pad).t()  # [M', kb] col-major
 
 
 def scaled_mm_prepared(a: torch.Tensor, sa: torch.Tensor, cw: CublasWeight, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:

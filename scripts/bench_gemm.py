@@ -188,9 +188,10 @@ def gemm_one(b: Bench, case: str, m: int, n: int, k: int, wt: dict) -> None:
                   flops, b8, fp8_peak, c8, scaled_mm.by_shape_choice(m, n, k, b.device), host=True)  # fmt: skip
     if wt["dw"] is not None:
         from quantkit.kernels import deepgemm
+        from quantkit.kernels.dispatch import sm_count
 
         ad, sad = deepgemm.prepare_act(a, sa, wt["dw"].w.shape[1])
-        dcfg = deepgemm.best_config(m, n, ad.shape[1], deepgemm._num_sms(b.device))
+        dcfg = deepgemm.best_config(m, n, ad.shape[1], sm_count(b.device))
         b.measure(fam, case, mnk, "deepgemm", lambda: deepgemm.gemm_prepared(ad, sad, wt["dw"], cfg=dcfg), flops, b8, fp8_peak, c8, dcfg.name(), host=True)
     cfg = g8.fp8_block_config(a, sa, wt["q"], wt["sw"])
     b.measure(fam, case, mnk, "triton", lambda: g8.gemm_fp8_block(a, sa, wt["q"], wt["sw"]), flops, b8, fp8_peak, c8, cfg.name(), host=True)
@@ -271,12 +272,13 @@ def deepgemm_prebuild(b: Bench, shapes: list, ms: list[int]) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from quantkit.kernels import deepgemm
+    from quantkit.kernels.dispatch import sm_count
 
     av = deepgemm.available(b.device)
     if not av.ok:
         b.notes.append(f"deepgemm: not run ({av.reason}).")
         return
-    sms = deepgemm._num_sms(b.device)
+    sms = sm_count(b.device)
     jobs = {(n, -(-k // 128) * 128, deepgemm.best_config(m, n, -(-k // 128) * 128, sms)) for _, _, n, k in shapes for m in ms if n % 8 == 0}
     t0 = time.perf_counter()
     with ThreadPoolExecutor(16) as pool:

@@ -220,19 +220,19 @@ def deepgemm_gemms(b: Bench, ex: Experts, case: str, mnk: tuple, x, ids, flops: 
     torch = b.torch
     from quantkit.formats import fp8_block
     from quantkit.kernels import deepgemm
+    from quantkit.kernels.moe_routing import align_torch
+    from quantkit.kernels.scaled_mm import gemm_fp8_block_ref
 
     if not deepgemm.available(b.device).ok:
         return
     m, e = ex.m, ex.m.e
-    counts = torch.bincount(ids.flatten(), minlength=e)
-    padded = (counts + 127) // 128 * 128
-    rows = int(padded.sum())
-    m_idx = torch.repeat_interleave(torch.arange(e, device=b.device, dtype=torch.int32), padded)
-    order = torch.argsort(ids.flatten(), stable=True) // ids.shape[1]  # source token of each routed row, expert-sorted
-    start = torch.cumsum(padded, 0) - padded
-    dest = start.repeat_interleave(counts) + torch.arange(int(counts.sum()), device=b.device) - (torch.cumsum(counts, 0) - counts).repeat_interleave(counts)
+    al = align_torch(ids, e, deepgemm.BLOCK)  # expert-sorted (token, slot) pairs, each expert padded to 128 rows
+    rows = int(al.num_padded)
+    m_idx = al.expert_ids.repeat_interleave(deepgemm.BLOCK)[:rows].contiguous()
+    pair = al.sorted_ids[:rows].long()  # ids.numel() marks a padding row
+    real = pair < ids.numel()
     xs = torch.zeros(rows, m.h, dtype=x.dtype, device=b.device)
-    xs[dest] = x[order]
+    xs[real] = x[pair[real] // ids.shape[1]]
     a, sa = fp8_block.quantize_act(xs)
     d13, d2 = deepgemm.prepare_weight(ex.w13.q, ex.w13.scale), deepgemm.prepare_weight(ex.w2.q, ex.w2.scale)
     a1, s1 = deepgemm.prepare_act(a, sa, d13.w.shape[1])
@@ -245,12 +245,10 @@ def deepgemm_gemms(b: Bench, ex: Experts, case: str, mnk: tuple, x, ids, flops: 
         deepgemm.gemm_prepared(a1, s1, d13, m_indices=m_idx, out=out1)
         return deepgemm.gemm_prepared(a2, s2, d2, m_indices=m_idx, out=out2)
 
-    from quantkit.kernels.scaled_mm import gemm_fp8_block_ref
-
-    busiest = int(counts.argmax())
+    busiest = int(torch.bincount(ids.flatten(), minlength=e).argmax())  # checked: the expert with the most rows
     sel = m_idx == busiest
     check2 = close_check(gemm_fp8_block_ref(h[sel], sh[sel], ex.w2.q[busiest], ex.w2.scale[busiest], None, torch.float32), 2.0**-7)
-    note = f"GEMMs only: {rows} rows ({rows / max(1, int(counts.sum())):.2f}x the routed rows), K padded to {d13.w.shape[1]} / {d2.w.shape[1]}"
+    note = f"GEMMs only: {rows} rows ({rows / ids.numel():.2f}x the routed rows), K padded to {d13.w.shape[1]} / {d2.w.shape[1]}"
     b.measure("moe", case, mnk, "deepgemm-gemms", run, flops, 0.0, b.peaks[0], lambda out: check2(out[sel]), note=note)
 
 

@@ -141,7 +141,8 @@ def test_configure_points_at_other_headers_and_nvcc(tmp_path):
         assert dg.include_dir() == tmp_path and dg.nvcc_path() == str(tmp_path / "nvcc") and dg._cache_dir() == tmp_path / "c"
     finally:
         dg.configure(*saved)
-    assert isinstance(dg._cache_dir(), Path)
+    assert (dg.SETTINGS.include_dir, dg.SETTINGS.nvcc, dg.SETTINGS.cache_dir) == saved, "configure() restores what it was given"
+    assert dg._cache_dir() == (saved[2] or Path.home() / ".cache" / "quantkit" / "deepgemm")
 
 
 # ---- GPU ----------------------------------------------------------------------------------------

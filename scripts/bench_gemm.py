@@ -2,8 +2,8 @@
 against the bf16 matmul, on the served models' projection shapes; then a config sweep.
 
 Main pass, per (shape, M): bf16 matmul; cuBLAS block-scaled ``scaled_mm`` on prepared operands;
-the Triton op with its config table; ``by-shape`` through the dispatcher (per-call cuBLAS layout
-work included); the MXFP8 paths (emulated, 128x128 weight, dequant-bf16).  Sweep: candidate
+the Triton op with its config table; ``by-shape`` through the dispatcher, on activation scales
+written MN-major as the engine's quantizers write them on a GPU (per-call layout work included); the MXFP8 paths (emulated, 128x128 weight, dequant-bf16).  Sweep: candidate
 configs per M on :data:`TUNE_SHAPES` (graph timing only), ranked by geomean time, printed as
 config-table rows.  Shapes, M values and goals are data below.
 """
@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from bench_common import Bench, Row, close_check, fmt, geomean, pct
+from bench_gemm_candidates import mx_candidates, persistent_candidates, skinny_candidates, tiled_candidates
 
 GEMM_SHAPES: tuple[tuple[str, str, int, int], ...] = (  # (model, projection, N, K)
     ("gpt-oss", "qkv", 5120, 2880),
@@ -48,61 +49,6 @@ def gemm_bytes(m: int, n: int, k: int, kind: str) -> float:
         return 2.0 * (m * k + n * k + m * n)
     scales = 4.0 * (m * kb + nb * kb) if kind == "fp8-block" else (m + n) * k / 32
     return m * k + n * k + 2.0 * m * n + scales
-
-
-# ---- candidates -----------------------------------------------------------------------------
-
-
-def skinny_candidates(m: int) -> list:
-    """Small-M (decode) launches: tile height, programs per SM, pipeline depth, tensor vs CUDA cores."""
-    from quantkit.kernels.gemm_block_scaled import Config
-    from quantkit.kernels.gemm_skinny import SkinnyConfig as S
-
-    c = [S(64), S(64, waves=2), S(64, waves=8, min_kb=1), S(64, split_k=1), S(32), S(128), S(128, num_warps=8),
-         S(64, num_stages=2), S(64, num_stages=6), S(32, waves=8, num_stages=6),
-         S(128, num_warps=8, num_stages=6), S(128, num_warps=8, waves=8), S(256, num_warps=8, num_stages=3), S(64, num_stages=8),
-         S(32, num_warps=2, waves=8, num_stages=6)]  # fmt: skip
-    if m == 1:
-        c += [S(64, dot=False, block_m=1), S(32, dot=False, block_m=1), S(128, dot=False, block_m=1, chunk=64, num_warps=8)]
-    elif m <= 16:
-        c += [S(32, dot=False, chunk=16)]
-    c.append(Config(max(16, 1 << (m - 1).bit_length()), 64, swap_ab=True, split_k=0, num_warps=4, num_stages=4))  # first run's table
-    return c
-
-
-def tiled_candidates(m: int) -> list:
-    """Large-M launches (vLLM / Triton tutorial space): 64x128 or 128x128, stages, TMA, group size."""
-    from quantkit.kernels.gemm_block_scaled import Config as C
-    from quantkit.kernels.gemm_skinny import SkinnyConfig
-
-    c = [C(64, 128, num_stages=4), C(64, 128, num_stages=3), C(64, 128, tma=True, num_stages=3), C(64, 128, tma=True, num_stages=4),
-         C(64, 128, tma=True, num_stages=5), C(128, 128, tma=True, num_warps=8, num_stages=3), C(128, 128, tma=True, num_warps=8, num_stages=4),
-         C(128, 128, num_warps=8, num_stages=3), C(128, 64, tma=True, num_stages=4), C(64, 64, tma=True, num_stages=4),
-         C(64, 128, tma=True, group=16, num_stages=3), C(64, 128, tma=True, group=4, num_stages=3)]  # fmt: skip
-    if m <= 256:
-        c += [C(64, 128, split_k=0, num_stages=4), C(64, 128, split_k=0, tma=True, num_stages=3), SkinnyConfig(64), SkinnyConfig(128, num_warps=8)]
-    return c
-
-
-def persistent_candidates(m: int) -> list:
-    """Persistent programs (tl.range flatten): compiled last, a new loop structure for this kernel."""
-    from quantkit.kernels.gemm_block_scaled import Config as C
-
-    return [C(64, 128, tma=True, persistent=2, num_stages=3), C(128, 128, tma=True, persistent=1, num_warps=8, num_stages=3)]
-
-
-def mx_candidates(m: int) -> list[tuple[str, object]]:
-    """(path, config) for the MXFP8 sweep: emulated MX and the 128x128 weight."""
-    from quantkit.kernels.gemm_block_scaled import Config as C
-    from quantkit.kernels.gemm_skinny import SkinnyConfig as S
-
-    if m <= 64:
-        return [(p, c) for p in ("mx", "w128") for c in (S(64), S(64, upcast=True), S(64, waves=1, upcast=True), S(128, num_warps=8, waves=2, upcast=True),
-                                                         S(128, num_warps=8), S(64, waves=8, min_kb=1))]  # fmt: skip
-    return [("mx", C(64, 128, upcast=True, tma=True)), ("mx", C(128, 128, upcast=True, tma=True, num_warps=8)), ("mx", C(64, 128, upcast=True, num_stages=4)),
-            ("w128", C(128, 128, upcast=True, tma=True, num_warps=8)),
-            ("mx", C(64, 128, tma=True)), ("w128", C(64, 128, tma=True)), ("w128", C(64, 128, upcast=True, tma=True)),
-            ("w128", C(128, 128, tma=True, num_warps=8))]  # fmt: skip
 
 
 # ---- operands -------------------------------------------------------------------------------
@@ -169,6 +115,7 @@ def cublas_probe(b: Bench) -> None:
 def gemm_one(b: Bench, case: str, m: int, n: int, k: int, wt: dict) -> None:
     """Main pass at one (shape, M): baselines, the Triton op's table, by-shape, the MXFP8 paths."""
     torch = b.torch
+    from quantkit.formats import fp8_block
     from quantkit.kernels import dispatch, scaled_mm
     from quantkit.kernels import gemm_fp8_block as g8
     from quantkit.kernels import gemm_mxfp8 as gmx
@@ -184,14 +131,15 @@ def gemm_one(b: Bench, case: str, m: int, n: int, k: int, wt: dict) -> None:
         ap, sa_c = scaled_mm.prepare_act(a, sa, wt["cw"].mat_b.shape[0])
         pad = f"M padded to {ap.shape[0]}" if ap.shape[0] != m else ""
         b.measure(fam, case, mnk, "cublas", lambda: scaled_mm.scaled_mm_prepared(ap, sa_c, wt["cw"], None, torch.bfloat16)[:m], flops, b8, fp8_peak, c8, pad, host=True)
-        b.measure(fam, case, mnk, "by-shape", lambda: dispatch.call("gemm_fp8_block", a, sa, wt["q"], wt["sw"], backend="by-shape"),
-                  flops, b8, fp8_peak, c8, scaled_mm.by_shape_choice(m, n, k, b.device), host=True)  # fmt: skip
+        sa_mn = fp8_block.act_scales_mn(sa)  # as the engine's quantizers write them on a GPU (scale_mn)
+        b.measure(fam, case, mnk, "by-shape", lambda: dispatch.call("gemm_fp8_block", a, sa_mn, wt["q"], wt["sw"], backend="by-shape"),
+                  flops, b8, fp8_peak, c8, scaled_mm.by_shape_choice(m, n, k, b.device) + ", scales MN-major", host=True)  # fmt: skip
     if wt["dw"] is not None:
         from quantkit.kernels import deepgemm
         from quantkit.kernels.dispatch import sm_count
 
-        ad, sad = deepgemm.prepare_act(a, sa, wt["dw"].w.shape[1])
-        dcfg = deepgemm.best_config(m, n, ad.shape[1], sm_count(b.device))
+        ad, sad = deepgemm.prepare_act(a, sa)
+        dcfg = deepgemm.best_config(deepgemm.config_m(m), n, -(-k // 128) * 128, sm_count(b.device))  # what by-shape runs
         b.measure(fam, case, mnk, "deepgemm", lambda: deepgemm.gemm_prepared(ad, sad, wt["dw"], cfg=dcfg), flops, b8, fp8_peak, c8, dcfg.name(), host=True)
     cfg = g8.fp8_block_config(a, sa, wt["q"], wt["sw"])
     b.measure(fam, case, mnk, "triton", lambda: g8.gemm_fp8_block(a, sa, wt["q"], wt["sw"]), flops, b8, fp8_peak, c8, cfg.name(), host=True)
@@ -279,15 +227,15 @@ def deepgemm_prebuild(b: Bench, shapes: list, ms: list[int]) -> None:
         b.notes.append(f"deepgemm: not run ({av.reason}).")
         return
     sms = sm_count(b.device)
-    jobs = {(n, -(-k // 128) * 128, deepgemm.best_config(m, n, -(-k // 128) * 128, sms)) for _, _, n, k in shapes for m in ms if n % 8 == 0}
+    jobs = {(n, k, deepgemm.best_config(deepgemm.config_m(m), n, -(-k // 128) * 128, sms)) for _, _, n, k in shapes for m in ms if n % 8 == 0}
     t0 = time.perf_counter()
     with ThreadPoolExecutor(16) as pool:
         errors = [f for f in [pool.submit(deepgemm.build, n, k, cfg) for n, k, cfg in jobs] if f.exception()]
     b.log(f"  deepgemm: {len(jobs)} kernels built in {time.perf_counter() - t0:.1f} s ({len(errors)} failed: {[str(f.exception())[:300] for f in errors[:2]]})")
     b.notes.append(
         f"deepgemm: DeepGEMM's fp8_gemm_kernel from FlashInfer's copy ({deepgemm.include_dir()}), compiled by nvcc per (N, K, tiles) "
-        "with DeepGEMM's own tile/stage/multicast choice; operands prepared outside the timing as for cuBLAS (K zero-padded to a "
-        "multiple of 128, activation scales MN-major [K/128, M rounded up to 4])."
+        "with DeepGEMM's own tile/stage/multicast choice; operands prepared outside the timing as for cuBLAS (activation scales MN-major "
+        "[K/128, M rounded up to 4]; a K that is not a multiple of 128 is zero-filled by TMA past its end, no copy)."
     )
 
 
@@ -302,7 +250,8 @@ def bench_gemm(b: Bench, args: argparse.Namespace, checkpoint: Callable[[], obje
         "(2880 -> 2944, so cuBLAS does 2.2% more work there; TFLOPS use the true K), scale_a column-major [M', K/128], "
         f"M' = M rounded up to {scaled_mm.CUBLAS_M_ALIGN} with zero rows (cuBLASLt refuses M = 1), scale_b [L4, ceil(N/128)] "
         "with strides (1, L4), L4 = ceil(K/128) rounded up to 4.",
-        "by-shape: the gemm_fp8_block op through the dispatcher (note: what it ran), cuBLAS layout work per call included.",
+        "by-shape: the gemm_fp8_block op through the dispatcher (note: what it ran) on MN-major activation scales (the engine's "
+        "layout on a GPU), layout work per call included.",
         "triton: quantkit gemm_fp8_block with its FP8_BLOCK_CONFIGS table (note: the config; 'skinny' = the small-M kernel); "
         "mx: gemm_mxfp8 (MXFP8 emulated, MXFP8_CONFIGS); w128: MXFP8 weight requantized exactly to 128x128 at load, "
         "activations keep 1x32 E8M0 scales (W128_CONFIGS); mx-bf16: both operands dequantized exactly to bf16, one cuBLAS "
@@ -389,7 +338,7 @@ def _ratio(num: Row | None, den: Row | None, timing: str) -> float | None:
 
 
 def _goal_lines(b: Bench, by: dict, combos: list, timing: str, label: str) -> list[str]:
-    stats: dict[str, list] = {"large": [], "small": [], "bw": [], "mx": [], "auto": []}
+    stats: dict[str, list] = {"large": [], "small": [], "small_bs": [], "bw": [], "mx": [], "auto": []}
     for case, n, k, m in combos:
         cu, tr, bs = (by.get((case, m, name)) for name in ("cublas", "triton", "by-shape"))
         ratio, mx = _ratio(cu, tr, timing), _best_mx(by, case, m, timing)
@@ -397,6 +346,8 @@ def _goal_lines(b: Bench, by: dict, combos: list, timing: str, label: str) -> li
             stats["large"].append((ratio, case, m))
         if ratio and m <= GOALS["small_m"]:
             stats["small"].append((ratio, case, m))
+        if _ratio(cu, bs, timing) and m <= GOALS["small_m"]:
+            stats["small_bs"].append((_ratio(cu, bs, timing), case, m))
         t = getattr(tr, timing, None) if tr else None
         if t and m <= GOALS["small_m"] and n * k / 1e6 >= GOALS["decode_weight_mb"]:
             stats["bw"].append((gemm_bytes(m, n, k, "fp8-block") / (t * 1e-3) / 1e9 / b.peaks[2], case, m))
@@ -418,6 +369,7 @@ def _goal_lines(b: Bench, by: dict, combos: list, timing: str, label: str) -> li
         f"Goals, {label} times:",
         line("large", GOALS["vs_cublas_large"], f"Triton / cuBLAS time ratio at M >= {GOALS['large_m']} (goal >= {GOALS['vs_cublas_large']}x)"),
         line("small", GOALS["vs_cublas_small"], f"Triton / cuBLAS at M <= {GOALS['small_m']} (goal >= {GOALS['vs_cublas_small']}x)"),
+        line("small_bs", GOALS["vs_cublas_small"], f"by-shape (what serving runs) / cuBLAS at M <= {GOALS['small_m']} (goal >= {GOALS['vs_cublas_small']}x)"),
         line("bw", GOALS["decode_bw"], f"Triton HBM share at M <= {GOALS['small_m']}, weights >= {GOALS['decode_weight_mb']} MB (goal >= {GOALS['decode_bw']:.0%})"),
         line("mx", GOALS["mx_vs_fp8"], f"best MXFP8 path / Triton FP8-block (goal >= {GOALS['mx_vs_fp8']}x)"),
         line("auto", 0.95, "by-shape vs the faster of cuBLAS and Triton (1 = always the faster one)"),
@@ -429,7 +381,9 @@ def by_shape_suggestion(by: dict, combos: list) -> list[str]:
     out = ["by-shape crossover (graph times; a backend wins a shape when its time is lower; 'cublas' is the prepared call, "
            "while by-shape's cuBLAS re-lays out the scales on every call, so check the by-shape column before moving the table "
            "towards cuBLAS):"]
-    for fast, slow, table in (("triton", "cublas", "BY_SHAPE_FP8 (scaled_mm.py)"), ("mx", "mx-bf16", "BY_SHAPE_MX (gemm_mxfp8.py)")):
+    pairs = (("triton", "cublas", "BY_SHAPE_FP8 (scaled_mm.py)"), ("deepgemm", "triton", "BY_SHAPE_FP8's deepgemm rows (scaled_mm.py)"),
+             ("mx", "mx-bf16", "BY_SHAPE_MX (gemm_mxfp8.py)"))
+    for fast, slow, table in pairs:
         wins: dict[int, tuple[int, int]] = {}
         for case, _, _, m in combos:
             a, c = by.get((case, m, fast)), by.get((case, m, slow))

@@ -235,9 +235,9 @@ def deepgemm_gemms(b: Bench, ex: Experts, case: str, mnk: tuple, x, ids, flops: 
     xs[real] = x[pair[real] // ids.shape[1]]
     a, sa = fp8_block.quantize_act(xs)
     d13, d2 = deepgemm.prepare_weight(ex.w13.q, ex.w13.scale), deepgemm.prepare_weight(ex.w2.q, ex.w2.scale)
-    a1, s1 = deepgemm.prepare_act(a, sa, d13.w.shape[1])
+    a1, s1 = deepgemm.prepare_act(a, sa)
     h, sh = fp8_block.quantize_act(torch.randn(rows, m.inter, device=b.device))
-    a2, s2 = deepgemm.prepare_act(h, sh, d2.w.shape[1])
+    a2, s2 = deepgemm.prepare_act(h, sh)
     out1 = torch.empty(rows, 2 * m.inter, dtype=torch.bfloat16, device=b.device)
     out2 = torch.empty(rows, m.h, dtype=torch.bfloat16, device=b.device)
 
@@ -248,7 +248,7 @@ def deepgemm_gemms(b: Bench, ex: Experts, case: str, mnk: tuple, x, ids, flops: 
     busiest = int(torch.bincount(ids.flatten(), minlength=e).argmax())  # checked: the expert with the most rows
     sel = m_idx == busiest
     check2 = close_check(gemm_fp8_block_ref(h[sel], sh[sel], ex.w2.q[busiest], ex.w2.scale[busiest], None, torch.float32), 2.0**-7)
-    note = f"GEMMs only: {rows} rows ({rows / ids.numel():.2f}x the routed rows), K padded to {d13.w.shape[1]} / {d2.w.shape[1]}"
+    note = f"GEMMs only: {rows} rows ({rows / ids.numel():.2f}x the routed rows), K {d13.k} / {d2.k} (TMA zero-fills past K)"
     b.measure("moe", case, mnk, "deepgemm-gemms", run, flops, 0.0, b.peaks[0], lambda out: check2(out[sel]), note=note)
 
 

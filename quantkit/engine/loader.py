@@ -37,8 +37,11 @@ def load(
     act_quant: bool = True,
     backend: str = AUTO,
     per_op: dict[str, str] | None = None,
+    scale_mn: bool | None = None,
 ) -> CausalLM:
-    """Build the engine model of the checkpoint at ``path``; ``dtype`` is the activation/compute dtype."""
+    """Build the engine model of the checkpoint at ``path``; ``dtype`` is the activation/compute dtype;
+    ``scale_mn``: fp8-block activation scales written MN-major (None: on CUDA devices; the values and
+    the logits are the same either way)."""
     ckpt = Checkpoint(path)
     if ckpt.layout != "root":
         raise CheckpointError(f"{ckpt.root}: the engine reads the HF root layout, not GPT-OSS's original/ folder")
@@ -46,7 +49,10 @@ def load(
     manifest_path = ckpt.root / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     ops = Dispatcher(backend, dict(per_op or {}))
-    w = Weights(ckpt, device, dtype, QuantScheme.from_config(ckpt.config, manifest, act_quant), ops)
+    if scale_mn is None:
+        scale_mn = torch.device(device).type == "cuda"
+    scheme = QuantScheme.from_config(ckpt.config, manifest, act_quant, scale_mn)
+    w = Weights(ckpt, device, dtype, scheme, ops)
     with torch.no_grad():
         model = MODELS[family.name](ckpt.config, w)
     w.check_all_used()

@@ -46,11 +46,18 @@ class ActQuant:
     kind: str  # "fp8-block" (1x128, F32 or UE8M0 scales) or "mxfp8" (1x32, E8M0)
     scale_fmt: str = "float"  # fp8-block only: "float" | "ue8m0"
     rule: str = e8m0.DEFAULT_RULE  # E8M0 scale rule (mxfp8, and fp8-block ue8m0)
+    scale_mn: bool = False  # fp8-block only: scales written MN-major (formats.fp8_block.empty_act_scales), as DeepGEMM reads them
 
     def __post_init__(self) -> None:
         if self.kind not in ("fp8-block", "mxfp8") or self.scale_fmt not in fp8_block.SCALE_FMTS:
             raise ValueError(f"activation quantization {self.kind!r} / scale format {self.scale_fmt!r} is not one of fp8-block (float, ue8m0), mxfp8")
+        if self.scale_mn and self.kind != "fp8-block":
+            raise ValueError(f"MN-major activation scales are an fp8-block layout, not {self.kind}'s")
         e8m0.check_rule(self.rule)
+
+    def layout(self) -> dict[str, bool]:
+        """The quantizer ops' keyword for the scale layout (none for the default, row-major)."""
+        return {"scale_mn": True} if self.scale_mn else {}
 
 
 class QWeight(nn.Module):
@@ -151,7 +158,7 @@ GEMM_OPS = {"fp8-block": "gemm_fp8_block", "mxfp8": "gemm_mxfp8"}
 def quantize_act(x: torch.Tensor, act: ActQuant, ops: Dispatcher) -> tuple[torch.Tensor, torch.Tensor]:
     """Dynamic activation quantization: (E4M3 [..., K], F32 [..., ceil(K/128)] or U8 E8M0 [..., K/32])."""
     if act.kind == "fp8-block":
-        return ops.call("act_quant_fp8_block", x, act.scale_fmt, act.rule)
+        return ops.call("act_quant_fp8_block", x, act.scale_fmt, act.rule, **act.layout())
     return ops.call("act_quant_mxfp8", x, act.rule)
 
 

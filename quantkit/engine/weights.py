@@ -49,16 +49,18 @@ class QuantScheme:
     mxfp8: ActQuant | None
 
     @classmethod
-    def from_config(cls, config: dict, manifest: dict, act_quant: bool) -> QuantScheme:
+    def from_config(cls, config: dict, manifest: dict, act_quant: bool, scale_mn: bool = False) -> QuantScheme:
         """fp8-block activations use UE8M0 scales when the checkpoint's scales are UE8M0 (DeepSeek-V3.1
         ``scale_fmt: ue8m0``; DeepSeek act_quant's 2**ceil(log2 s) is rule rceil).  MXFP8 activations
-        use rule rceil, as cuBLAS and TransformerEngine quantize them, whatever rule made the weights."""
+        use rule rceil, as cuBLAS and TransformerEngine quantize them, whatever rule made the weights.
+        ``scale_mn``: fp8-block scales written MN-major (the loader sets it on GPUs: DeepGEMM reads them
+        with no transposing launch, the Triton kernels read either layout)."""
         if not act_quant:
             return cls(None, None)
         qc = config.get("quantization_config") or {}
         opts = manifest.get("options") or {}
         scale_fmt = qc.get("scale_fmt") or opts.get("scale_fmt") or "float"
-        return cls(ActQuant("fp8-block", scale_fmt, "rceil"), ActQuant("mxfp8", "float", e8m0.DEFAULT_RULE))
+        return cls(ActQuant("fp8-block", scale_fmt, "rceil", scale_mn), ActQuant("mxfp8", "float", e8m0.DEFAULT_RULE))
 
 
 class Weights:

@@ -17,6 +17,12 @@ The one quantization formula, used by every path (kernels included):
     stored scale = s                                    # "scale_inv" is s itself
 
 Activations (DeepSeek inference/kernel.py act_quant) use the same formula per 1x128 group.
+
+Activation scales come in two layouts of the same [..., G] tensor (the values are the same):
+row-major (contiguous, the default) or MN-major (``scale_mn=True``): a strided view, strides
+(..., 1, M4), of an F32 buffer [G, M4] whose M4 = M rounded up to 4 columns hold the tokens (zero
+past M).  MN-major is what DeepGEMM's TMA loads (and cuBLAS as the transpose) read, so a
+quantizer that writes it saves the GEMM a transposing launch; every kernel here reads either.
 """
 
 from __future__ import annotations
@@ -97,16 +103,68 @@ def dequantize_weight(q: torch.Tensor, scale_inv: torch.Tensor, block: int = BLO
 
 
 def quantize_act(
-    x: torch.Tensor, scale_fmt: str = "float", rule: str = e8m0.DEFAULT_RULE, group: int = BLOCK
+    x: torch.Tensor, scale_fmt: str = "float", rule: str = e8m0.DEFAULT_RULE, group: int = BLOCK, *, scale_mn: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., K] -> (F8_E4M3 [..., K], F32 scales [..., ceil(K/group)]), one scale per token per group."""
+    """[..., K] -> (F8_E4M3 [..., K], F32 scales [..., ceil(K/group)]), one scale per token per group;
+    ``scale_mn``: the scales MN-major (:func:`act_scales_mn`)."""
     k = x.shape[-1]
     pk = (-k) % group
     xf = x.to(torch.float32)
     g = torch.nn.functional.pad(xf, (0, pk)).reshape(*x.shape[:-1], (k + pk) // group, group)  # no -1: zero rows allowed
     s = _scale(g.abs().amax(-1), scale_fmt, rule)
     q = round_e4m3(xf / s.repeat_interleave(group, -1)[..., :k])
-    return q, s
+    return q, (act_scales_mn(s) if scale_mn else s)
+
+
+MN_ALIGN = 4  # MN-major activation scales: token columns padded to a multiple of 4 (16-byte rows)
+
+
+def mn_rows(m: int) -> int:
+    """Columns of an MN-major scale buffer for M tokens."""
+    return -(-m // MN_ALIGN) * MN_ALIGN
+
+
+def empty_act_scales(lead: tuple[int, ...], groups: int, device: torch.device | str, scale_mn: bool = False) -> torch.Tensor:
+    """F32 [*lead, groups] to be filled: contiguous, or MN-major over [groups, mn_rows(M)] whose padding
+    columns the filler zeroes (:func:`mn_major_storage` gives the buffer back)."""
+    if not scale_mn:
+        return torch.empty((*lead, groups), dtype=torch.float32, device=device)
+    m = 1
+    for d in lead:
+        m *= d
+    base = torch.empty((groups, mn_rows(m)), dtype=torch.float32, device=device)
+    strides, acc = [], 1
+    for d in reversed(lead):  # tokens row-major over the leading dims, one column each
+        strides.insert(0, acc)
+        acc *= d
+    return base.as_strided((*lead, groups), (*strides, base.shape[1]))
+
+
+def act_scales_mn(s: torch.Tensor) -> torch.Tensor:
+    """Activation scales [..., G] (any layout) -> the same values MN-major (one copy; padding zero)."""
+    out = empty_act_scales(tuple(s.shape[:-1]), s.shape[-1], s.device, True)
+    base = mn_major_storage(out)
+    base.zero_()
+    out.copy_(s)
+    return out
+
+
+def mn_major_storage(s: torch.Tensor) -> torch.Tensor | None:
+    """The [G, mn_rows(M)] buffer under MN-major activation scales [..., G] (None for any other layout):
+    the operand DeepGEMM and cuBLAS read, no copy."""
+    if s.dtype != torch.float32 or s.dim() < 1:
+        return None
+    groups = s.shape[-1]
+    m = s.numel() // groups if groups else 0
+    if m == 0:
+        return None
+    s2 = s.reshape(m, groups) if s.dim() != 2 else s  # a view where the tokens merge (MN-major ones do)
+    rows = mn_rows(m)
+    if (m > 1 and s2.stride(0) != 1) or (groups > 1 and s2.stride(1) != rows):
+        return None
+    if s2.untyped_storage().nbytes() < (s2.storage_offset() + groups * rows) * 4:
+        return None  # the padding columns are not there
+    return s2.as_strided((groups, rows), (rows, 1))
 
 
 def dequantize_act(q: torch.Tensor, s: torch.Tensor, group: int = BLOCK) -> torch.Tensor:

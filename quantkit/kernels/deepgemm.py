@@ -12,10 +12,13 @@ imported unless asked for; without FlashInfer's headers, ``nvcc`` or an sm_90 de
 :func:`available` says which is missing.
 
 Operands (the kernel's rules): A E4M3 [M, K] row-major; its scales F32 MN-major
-[ceil(K/128), M rounded up to 4] (:func:`prepare_act`); W E4M3 [N, K] (K-major) with F32 scales
-[ceil(N/128), K/128]; out bf16 [M, N].  K must be a multiple of 128 (the kernel drops a partial last
-block): :func:`prepare_weight` zero-pads K (GPT-OSS's 2880 -> 2944) as cuBLAS needs too.  N must be
-a multiple of 8 (16-byte rows for the TMA store).  Grouped contiguous (MoE): A's rows sorted by
+[ceil(K/128), M rounded up to 4] (:func:`prepare_act`; the quantizers write that layout themselves
+with ``scale_mn=True``, :func:`quantkit.formats.fp8_block.mn_major_storage` finds it, and then no
+copy is made); W E4M3 [N, K] (K-major) with F32 scales [ceil(N/128), ceil(K/128)]; out bf16 [M, N].
+The kernel walks K in whole 128-blocks: it is compiled for K rounded up to 128 while the TMA
+descriptors of A and W carry the true K, so TMA fills the columns past K with zeros (GPT-OSS's 2880
+runs as 2944 with no padded copy of anything).  K must be a multiple of 16 (TMA's 16-byte row
+strides); N a multiple of 8 (16-byte rows for the TMA store).  Grouped contiguous (MoE): A's rows sorted by
 expert, each expert's rows padded to a multiple of 128, ``m_indices`` int32 [M] the expert of each
 row; W stacked [E * N, K], scales [E, ceil(N/128), K/128].
 """
@@ -38,7 +41,8 @@ import torch
 
 from . import dispatch
 from .dispatch import capability, sm_count
-from .scaled_mm import mn_major_scales, pad_k
+from ..formats import fp8_block
+from .scaled_mm import mn_major_scales
 
 BLOCK = 128
 SM90_SMEM = 232448  # bytes of dynamic shared memory a block may use on sm_90
@@ -94,9 +98,10 @@ static bool desc(CUtensorMap* m, void* p, CUtensorMapDataType dt, uint64_t inner
 }
 
 // 0 on success; 1-4 a TMA descriptor was refused; 5 the shared-memory attribute; 6 the launch.
+// QK_K: K rounded up to 128 (the kernel's K loop); QK_KT: the true K (the operands' rows; TMA zero-fills past it).
 extern "C" int qk_launch(void* a, void* sa, void* b, void* sb, void* d, void* layout, uint32_t m, int num_sms,
                          int smem, void* stream) {
-  const uint32_t N = QK_N, K = QK_K, KB = (QK_K + 127) / 128, m4 = (m + 3) / 4 * 4;
+  const uint32_t N = QK_N, K = QK_KT, KB = (QK_K + 127) / 128, m4 = (m + 3) / 4 * 4;
   CUtensorMap ta, tb, ts, td;
   if (!desc(&ta, a, CU_TENSOR_MAP_DATA_TYPE_UINT8, K, m, K, 128, QK_BM, CU_TENSOR_MAP_SWIZZLE_128B)) return 1;
   if (!desc(&tb, b, CU_TENSOR_MAP_DATA_TYPE_UINT8, K, (uint64_t)N * QK_GROUPS, K, 128, QK_BN, CU_TENSOR_MAP_SWIZZLE_128B)) return 2;
@@ -232,7 +237,7 @@ def _cache_dir() -> Path:
 
 
 def build(n: int, k: int, cfg: Config, groups: int = 1, contiguous: bool = False) -> ctypes.CDLL:
-    """Compile (once; then from the on-disk cache) and load the kernel for this (N, K, config)."""
+    """Compile (once; then from the on-disk cache) and load the kernel for this (N, true K, config)."""
     key = (n, k, cfg.block_m, cfg.block_n, cfg.stages, cfg.multicast, groups, contiguous)
     with _LOCK:
         lib = _LIBS.get(key)
@@ -242,7 +247,7 @@ def build(n: int, k: int, cfg: Config, groups: int = 1, contiguous: bool = False
     if inc is None or nvcc is None:
         raise BuildError(f"DeepGEMM cannot be built: headers {inc}, nvcc {nvcc}")
     gt, inp = ("GroupedContiguous", "GroupedContiguousSchedulerInput") if contiguous else ("Normal", "NormalSchedulerInput")
-    defs = {"QK_N": n, "QK_K": k, "QK_BM": cfg.block_m, "QK_BN": cfg.block_n, "QK_STAGES": cfg.stages, "QK_MC": cfg.multicast,
+    defs = {"QK_N": n, "QK_K": -(-k // BLOCK) * BLOCK, "QK_KT": k, "QK_BM": cfg.block_m, "QK_BN": cfg.block_n, "QK_STAGES": cfg.stages, "QK_MC": cfg.multicast,
             "QK_GROUPS": groups, "QK_GT": gt, "QK_INPUT": inp}  # fmt: skip
     flags = ["-std=c++17", "-O3", "-gencode", "arch=compute_90a,code=sm_90a", "-diag-suppress", "177", "-cudart", "shared",
              "-Xcompiler", "-fPIC", "-shared", f"-I{inc}", *(f"-D{a}={b}" for a, b in defs.items())]  # fmt: skip
@@ -267,7 +272,7 @@ def build(n: int, k: int, cfg: Config, groups: int = 1, contiguous: bool = False
 
 @dataclass(frozen=True)
 class DeepGemmWeight:
-    """A weight in the kernel's layout: ``w`` E4M3 [rows, K'] (K' = K rounded up to 128), ``scale`` F32."""
+    """A weight in the kernel's layout: ``w`` E4M3 [groups * N, K] contiguous, ``scale`` F32 contiguous."""
 
     w: torch.Tensor
     scale: torch.Tensor
@@ -285,27 +290,33 @@ def prepare_weight(w: torch.Tensor, w_scale: torch.Tensor) -> DeepGemmWeight:
         raise ValueError(f"DeepGEMM: weight scales {tuple(w_scale.shape)} do not fit a weight {tuple(w.shape)} (need [ceil(N/128), ceil(K/128)])")
     if n % 8:
         raise ValueError(f"DeepGEMM: N={n} is not a multiple of 8 (the output rows are stored by TMA in 16-byte units)")
-    wp = pad_k(w, kb * BLOCK).reshape(groups * n, kb * BLOCK).contiguous()
+    if k % 16:
+        raise ValueError(f"DeepGEMM: K={k} is not a multiple of 16 (TMA needs 16-byte row strides)")
+    wp = w.reshape(groups * n, k).contiguous()  # no copy for a contiguous weight
     return DeepGemmWeight(wp, w_scale.to(torch.float32).contiguous(), n, k, groups)
 
 
-def prepare_act(a: torch.Tensor, a_scale: torch.Tensor, k_pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[M, K] E4M3 + F32 [M, ceil(K/128)] -> (row-major [M, K'] zero-padded, MN-major scales [kb, M4])."""
-    return pad_k(a, k_pad).contiguous(), mn_major_scales(a_scale, -(-a.shape[0] // 4) * 4)
+def prepare_act(a: torch.Tensor, a_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] E4M3 + F32 [M, ceil(K/128)] -> (row-major [M, K], MN-major scales [kb, M4]): the scales'
+    own buffer where they are MN-major already, else one transposing copy."""
+    return a.contiguous(), mn_major_scales(a_scale, fp8_block.mn_rows(a.shape[0]))
 
 
 def gemm_prepared(a: torch.Tensor, sa: torch.Tensor, dw: DeepGemmWeight, m_indices: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, cfg: Config | None = None) -> torch.Tensor:  # fmt: skip
     """One launch on prepared operands -> bf16 [M, N]; ``m_indices`` makes it grouped contiguous."""
-    m, kp = a.shape
+    m, k = a.shape
+    if k != dw.k:
+        raise ValueError(f"DeepGEMM: activation K={k} does not match the weight's K={dw.k}")
     if m == 0:  # a TMA descriptor cannot describe zero rows
         return torch.empty((0, dw.n), dtype=torch.bfloat16, device=a.device) if out is None else out
     contiguous = m_indices is not None
     if contiguous and m % BLOCK:
         raise ValueError(f"DeepGEMM grouped contiguous: M={m} rows must be padded to a multiple of {BLOCK} per expert")
     sms = sm_count(a.device)
+    kp = -(-k // BLOCK) * BLOCK
     cfg = cfg or best_config(config_m(m), dw.n, kp, sms, 1, contiguous)
-    lib = build(dw.n, kp, cfg, dw.groups, contiguous)
+    lib = build(dw.n, k, cfg, dw.groups, contiguous)
     out = torch.empty((m, dw.n), dtype=torch.bfloat16, device=a.device) if out is None else out
     layout = m_indices.data_ptr() if contiguous else 0
     with torch.cuda.device(a.device):  # the runtime launches on its current device
@@ -321,7 +332,7 @@ def gemm_fp8_block_deepgemm(a, a_scale, w, w_scale, bias=None, out_dtype=torch.b
     a :class:`DeepGemmWeight` and calls :func:`gemm_prepared`).  Bias and out_dtype: one more rounding."""
     dw = prepare_weight(w, w_scale)
     a2, s2 = a.reshape(-1, a.shape[-1]), a_scale.reshape(-1, a_scale.shape[-1])
-    ap, sa = prepare_act(a2, s2, dw.w.shape[1])
+    ap, sa = prepare_act(a2, s2)
     y = gemm_prepared(ap, sa, dw)
     if bias is not None or out_dtype != torch.bfloat16:
         y = (y.to(torch.float32) + (0 if bias is None else bias.to(torch.float32))).to(out_dtype)

@@ -31,7 +31,7 @@ import triton.language as tl
 from ..formats import e8m0, fp8_block, mxfp8
 from . import dispatch
 from . import fused_act_quant_ref as ref
-from .group_quant import MODE_FLOAT, MODE_MX, MODE_UE8M0  # the quantizing kernels' shared MODE values
+from .group_quant import MODE_FLOAT, MODE_MX, MODE_UE8M0, scale_strides, store_scales  # shared with the plain quantizer
 from .triton_numerics import (
     PRIORITY,
     abs_max,
@@ -105,9 +105,9 @@ def quantize_groups(y, MODE: tl.constexpr, RCEIL: tl.constexpr, HW_CAST: tl.cons
     return e4m3_code(v, v, False, HW_CAST), s_out
 
 
-@triton.jit(do_not_specialize=["k_f32", "eps"])
+@triton.jit(do_not_specialize=["k_f32", "eps", "m_pad"])
 def _rmsnorm_quant_kernel(
-    x_ptr, w_ptr, q_ptr, s_ptr, M, K, n_groups, stride_x, k_f32, eps,
+    x_ptr, w_ptr, q_ptr, s_ptr, M, K, n_groups, stride_x, k_f32, eps, ss_m, ss_g, m_pad,
     G: tl.constexpr, BLOCK_M: tl.constexpr, UNROLL: tl.constexpr, GROUPS: tl.constexpr, MODE: tl.constexpr,
     RCEIL: tl.constexpr, HW_CAST: tl.constexpr, ROUND_H: tl.constexpr, ROUND_Y: tl.constexpr,
 ):  # fmt: skip
@@ -127,6 +127,7 @@ def _rmsnorm_quant_kernel(
     rstd = tl.math.div_rn(tl.full([BLOCK_M], 1.0, tl.float32), tl.sqrt_rn(mean + eps))[:, None, None]
     g = tl.arange(0, GROUPS)
     cols0 = g[None, :, None] * G + tl.arange(0, G)[None, None, :]  # [1, GR, G]
+    last = tl.program_id(0) == tl.num_programs(0) - 1
     for gb in range(0, n_groups, GROUPS):  # pass 2: normalise, round, quantize group by group
         cols = gb * G + cols0
         mask = rmask[:, None, None] & (cols < K)
@@ -136,8 +137,7 @@ def _rmsnorm_quant_kernel(
         y = bf16_round(w * h, ROUND_Y)
         codes, s_out = quantize_groups(tl.where(mask, y, 0.0), MODE, RCEIL, HW_CAST)
         tl.store(q_ptr + rows[:, None, None] * K + cols, codes, mask=mask)
-        smask = rmask[:, None] & (gb + g < n_groups)[None, :]
-        tl.store(s_ptr + rows[:, None] * n_groups + gb + g[None, :], s_out, mask=smask)
+        store_scales(s_ptr, s_out, rows, gb + g, M, n_groups, ss_m, ss_g, m_pad, last)
 
 
 @triton.jit
@@ -159,9 +159,9 @@ def _swiglu(g, u, alpha, limit, ROUND: tl.constexpr):
     return bf16_round(u1 * gs, ROUND)
 
 
-@triton.jit(do_not_specialize=["alpha", "limit"])
+@triton.jit(do_not_specialize=["alpha", "limit", "m_pad"])
 def _act_quant_kernel(
-    g_ptr, u_ptr, q_ptr, s_ptr, M, N, n_groups, sg_row, sg_col, su_row, su_col, alpha, limit,
+    g_ptr, u_ptr, q_ptr, s_ptr, M, N, n_groups, sg_row, sg_col, su_row, su_col, alpha, limit, ss_m, ss_g, m_pad,
     ACT: tl.constexpr, ROUND: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, GROUPS: tl.constexpr,
     MODE: tl.constexpr, RCEIL: tl.constexpr, HW_CAST: tl.constexpr,
 ):  # fmt: skip
@@ -180,8 +180,8 @@ def _act_quant_kernel(
         h = _swiglu(gv, uv, alpha, limit, ROUND)
     codes, s_out = quantize_groups(tl.where(mask, h, 0.0), MODE, RCEIL, HW_CAST)
     tl.store(q_ptr + rows * N + cols, codes, mask=mask)
-    smask = (r[:, None] < M - row0) & (grp0 + g < n_groups)[None, :]
-    tl.store(s_ptr + (row0 + r)[:, None] * n_groups + grp0 + g[None, :], s_out, mask=smask)
+    last = tl.program_id(0) == tl.num_programs(0) - 1
+    store_scales(s_ptr, s_out, row0 + r, grp0 + g, M, n_groups, ss_m, ss_g, m_pad, last)
 
 
 # ---- launchers ----------------------------------------------------------------------------------
@@ -200,31 +200,32 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t2 if t2.stride(-1) == 1 or t2.shape[-1] == 1 else t2.contiguous()
 
 
-def _outputs(lead: tuple[int, ...], k: int, group: int, scale_dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _outputs(lead: tuple[int, ...], k: int, group: int, scale_dtype: torch.dtype, device: torch.device, scale_mn: bool) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty((*lead, k), dtype=torch.float8_e4m3fn, device=device)  # [..., K]
-    s = torch.empty((*lead, cdiv(k, group)), dtype=scale_dtype, device=device)  # [..., ceil(K/G)]
-    return q, s
+    if scale_mn:  # F32 MN-major (fp8-block only: ref.check_fmt)
+        return q, fp8_block.empty_act_scales(lead, cdiv(k, group), device, True)
+    return q, torch.empty((*lead, cdiv(k, group)), dtype=scale_dtype, device=device)  # [..., ceil(K/G)]
 
 
 @dispatch.backend("rmsnorm_act_quant", "triton", available=available, priority=PRIORITY)
 def rmsnorm_act_quant(
     x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: str, scale_fmt: str = "float", rule: str = e8m0.DEFAULT_RULE, order: str = "hf",
-    *, block_m: int = 4, unroll: int = 4, groups: int = 8, num_warps: int = 4, hw_cast: bool | None = None,
+    *, scale_mn: bool = False, block_m: int = 4, unroll: int = 4, groups: int = 8, num_warps: int = 4, hw_cast: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """act_quant(RMSNorm(x)) in one kernel; ``block_m`` rows per program, ``unroll`` 128-chunks per
-    pass-1 step, ``groups`` groups per pass-2 step (none changes the bytes)."""
-    ref.check_norm(x, weight, eps, fmt, scale_fmt, rule, order)
+    pass-1 step, ``groups`` groups per pass-2 step (none changes the bytes); ``scale_mn`` as in the reference."""
+    ref.check_norm(x, weight, eps, fmt, scale_fmt, rule, order, scale_mn)
     mode, group, scale_dtype = _mode(fmt, scale_fmt)
     k = x.shape[-1]
     x2, w = _rows(x), weight.contiguous()
-    q, s = _outputs(x.shape[:-1], k, group, scale_dtype, x.device)
+    q, s = _outputs(x.shape[:-1], k, group, scale_dtype, x.device, scale_mn)
     m, n_groups = x2.shape[0], cdiv(k, group)
     out_dtype = torch.promote_types(weight.dtype, x.dtype) if order == "hf" else x.dtype
     block_m = min(block_m, next_pow2(max(m, 1)))
     groups = min(groups, next_pow2(n_groups))
     if m:
         _rmsnorm_quant_kernel[(cdiv(m, block_m),)](
-            x2, w, q.view(torch.uint8), s, m, k, n_groups, x2.stride(0), float(k), ref.f32(eps),
+            x2, w, q.view(torch.uint8), s, m, k, n_groups, x2.stride(0), float(k), ref.f32(eps), *scale_strides(m, n_groups, scale_mn),
             G=group, BLOCK_M=block_m, UNROLL=unroll, GROUPS=groups, MODE=mode, RCEIL=rule == "rceil", HW_CAST=hw_e4m3(x.device, hw_cast),
             ROUND_H=order == "hf" and x.dtype == torch.bfloat16, ROUND_Y=out_dtype == torch.bfloat16,
             num_warps=num_warps, enable_fp_fusion=False,
@@ -234,17 +235,17 @@ def rmsnorm_act_quant(
 
 def _launch_act(
     lead: tuple[int, ...], gate: torch.Tensor, up: torch.Tensor, act: int, fmt: str, scale_fmt: str, rule: str, alpha: float, limit: float,
-    tile: tuple[int, int], num_warps: int, hw_cast: bool | None,
+    tile: tuple[int, int], num_warps: int, hw_cast: bool | None, scale_mn: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     mode, group, scale_dtype = _mode(fmt, scale_fmt)
     (m, n), n_groups = gate.shape, cdiv(gate.shape[1], group)  # gate, up: [M, N] views, unit column stride or 2
-    q, s = _outputs(lead, n, group, scale_dtype, gate.device)
+    q, s = _outputs(lead, n, group, scale_dtype, gate.device, scale_mn)
     block_m = min(tile[0], next_pow2(max(m, 1)))
     groups = min(tile[1], next_pow2(n_groups))
     if m:
         grid = (cdiv(m, block_m), cdiv(n_groups, groups))
         _act_quant_kernel[grid](
-            gate, up, q.view(torch.uint8), s, m, n, n_groups, *gate.stride(), *up.stride(), alpha, limit,
+            gate, up, q.view(torch.uint8), s, m, n, n_groups, *gate.stride(), *up.stride(), alpha, limit, *scale_strides(m, n_groups, scale_mn),
             ACT=act, ROUND=gate.dtype == torch.bfloat16, G=group, BLOCK_M=block_m, GROUPS=groups, MODE=mode,
             RCEIL=rule == "rceil", HW_CAST=hw_e4m3(gate.device, hw_cast), num_warps=num_warps, enable_fp_fusion=False,
         )  # fmt: skip
@@ -254,20 +255,20 @@ def _launch_act(
 @dispatch.backend("silu_mul_act_quant", "triton", available=available, priority=PRIORITY)
 def silu_mul_act_quant(
     gate: torch.Tensor, up: torch.Tensor, fmt: str, scale_fmt: str = "float", rule: str = e8m0.DEFAULT_RULE,
-    *, tile: tuple[int, int] = (8, 4), num_warps: int = 4, hw_cast: bool | None = None,
+    *, scale_mn: bool = False, tile: tuple[int, int] = (8, 4), num_warps: int = 4, hw_cast: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """act_quant(silu(gate) * up) in one kernel; ``tile`` = (rows, groups) per program."""
-    ref.check_gate_up(gate, up, fmt, scale_fmt, rule)
-    return _launch_act(gate.shape[:-1], _rows(gate), _rows(up), ACT_SILU, fmt, scale_fmt, rule, 0.0, 0.0, tile, num_warps, hw_cast)
+    ref.check_gate_up(gate, up, fmt, scale_fmt, rule, scale_mn)
+    return _launch_act(gate.shape[:-1], _rows(gate), _rows(up), ACT_SILU, fmt, scale_fmt, rule, 0.0, 0.0, tile, num_warps, hw_cast, scale_mn)
 
 
 @dispatch.backend("swiglu_act_quant", "triton", available=available, priority=PRIORITY)
 def swiglu_act_quant(
     gate_up: torch.Tensor, fmt: str, scale_fmt: str = "float", rule: str = e8m0.DEFAULT_RULE, alpha: float = 1.702, limit: float = 7.0,
-    *, tile: tuple[int, int] = (8, 4), num_warps: int = 4, hw_cast: bool | None = None,
+    *, scale_mn: bool = False, tile: tuple[int, int] = (8, 4), num_warps: int = 4, hw_cast: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """act_quant(GPT-OSS SwiGLU(gate_up)) in one kernel, interleaved gate_up [..., 2I]."""
-    ref.check_interleaved(gate_up, fmt, scale_fmt, rule)
+    ref.check_interleaved(gate_up, fmt, scale_fmt, rule, scale_mn)
     gu = _rows(gate_up)
     lim = float(torch.tensor(limit, dtype=gate_up.dtype))  # torch's clamp compares with the limit in the tensor's dtype
-    return _launch_act(gate_up.shape[:-1], gu[:, 0::2], gu[:, 1::2], ACT_SWIGLU, fmt, scale_fmt, rule, ref.f32(alpha), lim, tile, num_warps, hw_cast)
+    return _launch_act(gate_up.shape[:-1], gu[:, 0::2], gu[:, 1::2], ACT_SWIGLU, fmt, scale_fmt, rule, ref.f32(alpha), lim, tile, num_warps, hw_cast, scale_mn)

@@ -133,17 +133,17 @@ def swiglu(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> t
     return (u + 1) * (g * sigmoid_f32(t.to(torch.float32)).to(dt))
 
 
-def act_quant(y: torch.Tensor, fmt: str, scale_fmt: str, rule: str) -> tuple[torch.Tensor, torch.Tensor]:
+def act_quant(y: torch.Tensor, fmt: str, scale_fmt: str, rule: str, scale_mn: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The engine's dynamic activation quantization (quantkit/engine/qlinear.py quantize_act)."""
     if fmt == "fp8-block":
-        return fp8_block.quantize_act(y, scale_fmt, rule)
+        return fp8_block.quantize_act(y, scale_fmt, rule, scale_mn=scale_mn)
     return mxfp8.quantize(y, rule)
 
 
 # ---- argument checks (shared by every backend, so they fail alike) ------------------------------
 
 
-def check_fmt(fmt: str, scale_fmt: str, rule: str, k: int) -> None:
+def check_fmt(fmt: str, scale_fmt: str, rule: str, k: int, scale_mn: bool = False) -> None:
     if fmt not in FORMATS:
         raise ValueError(f"activation format must be one of {FORMATS}, not {fmt!r}")
     if scale_fmt not in fp8_block.SCALE_FMTS:
@@ -151,6 +151,8 @@ def check_fmt(fmt: str, scale_fmt: str, rule: str, k: int) -> None:
     e8m0.check_rule(rule)
     if fmt == "mxfp8" and k % mxfp8.BLOCK:
         raise ValueError(f"MXFP8 needs K to be a multiple of {mxfp8.BLOCK}, got {k}")
+    if scale_mn and fmt != "fp8-block":
+        raise ValueError(f"MN-major scales (scale_mn) are an fp8-block layout, not {fmt}'s")
 
 
 def _check_dtype(what: str, t: torch.Tensor) -> None:
@@ -158,7 +160,7 @@ def _check_dtype(what: str, t: torch.Tensor) -> None:
         raise ValueError(f"{what}: dtype must be one of {DTYPES}, got {t.dtype}")
 
 
-def check_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: str, scale_fmt: str, rule: str, order: str) -> None:
+def check_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: str, scale_fmt: str, rule: str, order: str, scale_mn: bool = False) -> None:
     if x.dim() < 1 or x.shape[-1] == 0 or tuple(weight.shape) != (x.shape[-1],):
         raise ValueError(f"rmsnorm_act_quant: x must be [..., K] with K > 0 and weight [K], got {tuple(x.shape)} and {tuple(weight.shape)}")
     _check_dtype("rmsnorm_act_quant x", x)
@@ -167,48 +169,51 @@ def check_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: str, scal
         raise ValueError(f"RMSNorm order must be one of {ORDERS}, not {order!r}")
     if not eps > 0:
         raise ValueError(f"rmsnorm_act_quant: eps must be positive, got {eps}")
-    check_fmt(fmt, scale_fmt, rule, x.shape[-1])
+    check_fmt(fmt, scale_fmt, rule, x.shape[-1], scale_mn)
 
 
-def check_gate_up(gate: torch.Tensor, up: torch.Tensor, fmt: str, scale_fmt: str, rule: str) -> None:
+def check_gate_up(gate: torch.Tensor, up: torch.Tensor, fmt: str, scale_fmt: str, rule: str, scale_mn: bool = False) -> None:
     if gate.shape != up.shape or gate.dtype != up.dtype or gate.dim() < 1 or gate.shape[-1] == 0:
         raise ValueError(f"silu_mul_act_quant: gate and up must be [..., I] (I > 0) of one shape and dtype, got {gate.dtype}{tuple(gate.shape)} and {up.dtype}{tuple(up.shape)}")
     _check_dtype("silu_mul_act_quant gate/up", gate)
-    check_fmt(fmt, scale_fmt, rule, gate.shape[-1])
+    check_fmt(fmt, scale_fmt, rule, gate.shape[-1], scale_mn)
 
 
-def check_interleaved(gate_up: torch.Tensor, fmt: str, scale_fmt: str, rule: str) -> None:
+def check_interleaved(gate_up: torch.Tensor, fmt: str, scale_fmt: str, rule: str, scale_mn: bool = False) -> None:
     if gate_up.dim() < 1 or gate_up.shape[-1] == 0 or gate_up.shape[-1] % 2:
         raise ValueError(f"swiglu_act_quant: gate_up must be [..., 2I] (interleaved gate/up, I > 0), got {tuple(gate_up.shape)}")
     _check_dtype("swiglu_act_quant gate_up", gate_up)
-    check_fmt(fmt, scale_fmt, rule, gate_up.shape[-1] // 2)
+    check_fmt(fmt, scale_fmt, rule, gate_up.shape[-1] // 2, scale_mn)
 
 
 # ---- the ops' references ------------------------------------------------------------------------
 
 
 def rmsnorm_act_quant(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: str, scale_fmt: str = "float", rule: str = e8m0.DEFAULT_RULE, order: str = "hf"
+    x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: str, scale_fmt: str = "float", rule: str = e8m0.DEFAULT_RULE, order: str = "hf",
+    *, scale_mn: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """act_quant(RMSNorm(x)): (E4M3 [..., K], scales [..., ceil(K/128)] F32 or [..., K/32] U8)."""
-    check_norm(x, weight, eps, fmt, scale_fmt, rule, order)
-    return act_quant(rms_norm(x, weight, eps, order), fmt, scale_fmt, rule)
+    """act_quant(RMSNorm(x)): (E4M3 [..., K], scales [..., ceil(K/128)] F32 or [..., K/32] U8); ``scale_mn``:
+    fp8-block scales MN-major (:func:`quantkit.formats.fp8_block.empty_act_scales`), as in every op here."""
+    check_norm(x, weight, eps, fmt, scale_fmt, rule, order, scale_mn)
+    return act_quant(rms_norm(x, weight, eps, order), fmt, scale_fmt, rule, scale_mn)
 
 
 def silu_mul_act_quant(
-    gate: torch.Tensor, up: torch.Tensor, fmt: str, scale_fmt: str = "float", rule: str = e8m0.DEFAULT_RULE
+    gate: torch.Tensor, up: torch.Tensor, fmt: str, scale_fmt: str = "float", rule: str = e8m0.DEFAULT_RULE, *, scale_mn: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """act_quant(silu(gate) * up): (E4M3 [..., I], scales)."""
-    check_gate_up(gate, up, fmt, scale_fmt, rule)
-    return act_quant(silu_mul(gate, up), fmt, scale_fmt, rule)
+    check_gate_up(gate, up, fmt, scale_fmt, rule, scale_mn)
+    return act_quant(silu_mul(gate, up), fmt, scale_fmt, rule, scale_mn)
 
 
 def swiglu_act_quant(
-    gate_up: torch.Tensor, fmt: str, scale_fmt: str = "float", rule: str = e8m0.DEFAULT_RULE, alpha: float = 1.702, limit: float = 7.0
+    gate_up: torch.Tensor, fmt: str, scale_fmt: str = "float", rule: str = e8m0.DEFAULT_RULE, alpha: float = 1.702, limit: float = 7.0,
+    *, scale_mn: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """act_quant(GPT-OSS SwiGLU(gate_up)) for interleaved gate_up [..., 2I]: (E4M3 [..., I], scales)."""
-    check_interleaved(gate_up, fmt, scale_fmt, rule)
-    return act_quant(swiglu(gate_up, alpha, limit), fmt, scale_fmt, rule)
+    check_interleaved(gate_up, fmt, scale_fmt, rule, scale_mn)
+    return act_quant(swiglu(gate_up, alpha, limit), fmt, scale_fmt, rule, scale_mn)
 
 
 OPS = {"rmsnorm_act_quant": rmsnorm_act_quant, "silu_mul_act_quant": silu_mul_act_quant, "swiglu_act_quant": swiglu_act_quant}

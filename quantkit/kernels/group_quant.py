@@ -66,9 +66,31 @@ ACT_TUNING: tuple[dict, ...] = (
 )
 
 
-@triton.jit(do_not_specialize=["k0", "k1", "offset"])
+@triton.jit
+def store_scales(s_ptr, s_out, rows, grps, M, n_groups, ss_m, ss_g, m_pad, last):
+    """Store scales s_out [BM, GR] of rows [BM] (int64) x groups [GR] at strides (ss_m, ss_g): contiguous
+    (n_groups, 1) or MN-major (1, m_pad).  MN-major with padding (m_pad > M): the ``last`` row program
+    also zeroes the padding columns M..m_pad-1 of its groups (fewer than 4)."""
+    gmask = grps < n_groups
+    tl.store(s_ptr + rows[:, None] * ss_m + grps[None, :] * ss_g, s_out, mask=(rows < M)[:, None] & gmask[None, :])
+    if last & (m_pad > M):
+        pr = M + tl.arange(0, 4).to(tl.int64)
+        zero = (pr[:, None] * 0 + grps[None, :] * 0).to(s_out.dtype)
+        tl.store(s_ptr + pr[:, None] * ss_m + grps[None, :] * ss_g, zero, mask=(pr < m_pad)[:, None] & gmask[None, :])
+
+
+def scale_strides(m: int, n_groups: int, scale_mn: bool) -> tuple[int, int, int]:
+    """(row stride, group stride, padded rows) of the scales :func:`quantkit.formats.fp8_block.empty_act_scales`
+    makes for M rows, as :func:`store_scales` takes them."""
+    if scale_mn:
+        rows = fp8_block.mn_rows(m)
+        return 1, rows, rows
+    return n_groups, 1, m
+
+
+@triton.jit(do_not_specialize=["k0", "k1", "offset", "m_pad"])
 def _group_quant_kernel(
-    x_ptr, q_ptr, s_ptr, M, K, n_groups, k0, k1, offset,
+    x_ptr, q_ptr, s_ptr, M, K, n_groups, k0, k1, offset, ss_m, ss_g, m_pad,
     G: tl.constexpr, BLOCK_M: tl.constexpr, GROUPS: tl.constexpr,
     MODE: tl.constexpr, RCEIL: tl.constexpr, STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr, WRAP: tl.constexpr,
     PDL: tl.constexpr = False,
@@ -99,13 +121,13 @@ def _group_quant_kernel(
     if STOCHASTIC:
         rnd = random20(base + offset, off, k0, k1, WRAP)
     tl.store(q_ptr + base + off, e4m3_code(v, rnd, STOCHASTIC, HW_CAST), mask=mask)
-    smask = (r[:, None] < M - row0) & (g[None, :] < n_groups - grp0)
-    tl.store(s_ptr + row0 * n_groups + grp0 + r[:, None] * n_groups + g[None, :], s_out, mask=smask)
+    last = tl.program_id(0) == tl.num_programs(0) - 1
+    store_scales(s_ptr, s_out, row0 + r, grp0 + g, M, n_groups, ss_m, ss_g, m_pad, last)
 
 
 def _launch(
     x: torch.Tensor, group: int, mode: int, rule: str, rounding: Rounding, scale_dtype: torch.dtype,
-    tile: tuple[int, int], num_warps: int, hw_cast: bool | None, pdl: bool = False,
+    tile: tuple[int, int], num_warps: int, hw_cast: bool | None, pdl: bool = False, scale_mn: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     e8m0.check_rule(rule)
     check_input(x, "group quantization input")
@@ -115,7 +137,10 @@ def _launch(
     m = x.numel() // k if k else 0
     n_groups = cdiv(k, group)
     q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)  # [..., K]
-    s = torch.empty((*x.shape[:-1], n_groups), dtype=scale_dtype, device=x.device)  # [..., ceil(K/G)]
+    if scale_mn:  # F32 [..., ceil(K/G)] MN-major
+        s = fp8_block.empty_act_scales(tuple(x.shape[:-1]), n_groups, x.device, True)
+    else:
+        s = torch.empty((*x.shape[:-1], n_groups), dtype=scale_dtype, device=x.device)  # [..., ceil(K/G)]
     block_m = min(tile[0], next_pow2(max(m, 1)))
     groups = min(tile[1], next_pow2(max(n_groups, 1)))
     k0, k1 = stream_key_i32(rounding)
@@ -123,7 +148,7 @@ def _launch(
     if m and k:
         grid = (cdiv(m, block_m), cdiv(n_groups, groups))
         _group_quant_kernel[grid](
-            x, q.view(torch.uint8), s, m, k, n_groups, k0, k1, rounding.offset,
+            x, q.view(torch.uint8), s, m, k, n_groups, k0, k1, rounding.offset, *scale_strides(m, n_groups, scale_mn),
             G=group, BLOCK_M=block_m, GROUPS=groups, MODE=mode, RCEIL=rule == "rceil",
             STOCHASTIC=rounding.stochastic, WRAP=rounding.stochastic and wraps(rounding.offset, x.numel()), HW_CAST=hw_e4m3(x.device, hw_cast),
             PDL=pdl, num_warps=num_warps, launch_pdl=pdl,
@@ -165,10 +190,11 @@ def act_quant_fp8_block(
     num_warps: int = 4,
     hw_cast: bool | None = None,
     pdl: bool = False,
+    scale_mn: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., K] -> (F8_E4M3 [..., K], F32 scales [..., ceil(K/group)]), DeepSeek act_quant; ``pdl`` as in
-    :func:`mxfp8_quantize`."""
+    :func:`mxfp8_quantize`; ``scale_mn``: the scales MN-major (:func:`quantkit.formats.fp8_block.empty_act_scales`)."""
     if scale_fmt not in fp8_block.SCALE_FMTS:
         raise ValueError(f"scale format must be one of {fp8_block.SCALE_FMTS}, not {scale_fmt!r}")
     mode = MODE_UE8M0 if scale_fmt == "ue8m0" else MODE_FLOAT
-    return _launch(x, group, mode, rule, NEAREST, torch.float32, tile, num_warps, hw_cast, pdl)
+    return _launch(x, group, mode, rule, NEAREST, torch.float32, tile, num_warps, hw_cast, pdl, scale_mn)

@@ -59,8 +59,18 @@ INT32_LIMIT = 2**31
 # M = 33-64 only, where it can (the headers, nvcc, sm_90, N % 8 == 0), K % 128 == 0 (a K that needs padding
 # would copy the weight per call) and K >= 1024 (DeepSeek-V3 kv_b, K = 512, lost: 0.93x): 1.08-1.54x the
 # Triton op at M = 64 on the 11 shapes it takes.
-BY_SHAPE_FP8: tuple[tuple[int, str], ...] = ((32, "triton"), (64, "deepgemm"), (INT32_LIMIT, "triton"))
-DEEPGEMM_MIN_K = 1024
+# Seventeenth pass: the quantizers write the scales MN-major (``scale_mn``, the engine's layout on GPUs), so
+# DeepGEMM reads them with no extra launch (by-shape's time is 0.93-1.05x DeepGEMM's own at M = 48-64), and
+# TMA zero-fills a K that is not a multiple of 128 (no padded copy).  Graph times over the 14 shapes,
+# DeepGEMM against the Triton op: faster on 2 / 8 / 9 / 14 / 14 / 12 of 14 at M = 16 / 24 / 32 / 48 / 64 /
+# 128 (geomean time 1.37 / 1.08 / 0.96 / 0.68 / 0.65 / 0.93x); at M = 24-32 it wins where K <= 4096 and loses
+# on the longer K (the small-M kernel splits K over every SM), from M = 65 it loses on K = 512 (kv_b).
+BY_SHAPE_FP8: tuple[tuple[int, str], ...] = ((24, "triton"), (512, "deepgemm"), (INT32_LIMIT, "triton"))
+
+
+def deepgemm_pays(m: int, k: int) -> bool:
+    """Within the deepgemm rows: at M <= 32 only where K <= 4096, from M = 65 only where K >= 1024."""
+    return k <= 4096 if m <= 32 else k >= 1024 if m > 64 else True
 
 
 def _finish(y: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype, lead: tuple[int, ...]) -> torch.Tensor:
@@ -111,7 +121,11 @@ def pad_k(t: torch.Tensor, k_pad: int) -> torch.Tensor:
 
 def mn_major_scales(a_scale: torch.Tensor, rows: int) -> torch.Tensor:
     """F32 [M, kb] activation scales -> contiguous [kb, rows] (rows >= M, the extra columns zero):
-    the MN-major layout cuBLAS (as its transpose) and DeepGEMM read."""
+    the MN-major layout cuBLAS (as its transpose) and DeepGEMM read.  Scales a quantizer wrote MN-major
+    (``scale_mn``) with that many columns are returned as their own buffer, no copy."""
+    base = fp8_block.mn_major_storage(a_scale)
+    if base is not None and base.shape[1] == rows:
+        return base
     m = a_scale.shape[0]
     alloc = torch.empty if rows == m else torch.zeros  # zeros only where there are padding columns
     sa = alloc((a_scale.shape[1], rows), dtype=torch.float32, device=a_scale.device)  # strides (rows, 1), even for M = 1
@@ -167,12 +181,12 @@ def gemm_fp8_block_cublas(a, a_scale, w, w_scale, bias=None, out_dtype=torch.bfl
 def by_shape_choice(m: int, n: int, k: int, device: torch.device | None = None) -> str:
     """The backend ``by-shape`` runs for an [m, k] x [n, k] fp8-block GEMM (:data:`BY_SHAPE_FP8`);
     a "deepgemm" row runs Triton where DeepGEMM cannot or did not pay (no device given, not available,
-    N % 8, K % 128, K < :data:`DEEPGEMM_MIN_K`)."""
+    N % 8, K % 16, :func:`deepgemm_pays`)."""
     choice = next(b for m_max, b in BY_SHAPE_FP8 if m <= m_max)
     if choice == "deepgemm":
         from . import deepgemm
 
-        ok = device is not None and n % 8 == 0 and k % BLOCK == 0 and k >= DEEPGEMM_MIN_K and deepgemm.available_cached(device).ok
+        ok = device is not None and n % 8 == 0 and k % 16 == 0 and deepgemm_pays(m, k) and deepgemm.available_cached(device).ok
         return "deepgemm" if ok else "triton"
     if n % 16:
         return "triton"  # cuBLAS FP8 needs N % 16 == 0

@@ -59,7 +59,7 @@ def discrepancy(op: str, out, ref) -> float:
     worst = 0.0
     for o, r in zip(_tensors(out), _tensors(ref), strict=True):
         if op in EXACT_OPS:
-            ob, rb = o.contiguous().view(torch.uint8), r.contiguous().view(torch.uint8)
+            ob, rb = (t.reshape(-1).clone(memory_format=torch.contiguous_format).view(torch.uint8) for t in (o, r))  # unit strides (MN-major scales)
             worst = max(worst, float((ob != rb).sum()))
         elif op in REL_L2_OPS:
             worst = max(worst, ((o.float() - r.float()).norm() / r.float().norm().clamp(min=1e-30)).item())

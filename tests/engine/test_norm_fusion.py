@@ -100,3 +100,26 @@ def test_dense_mlp_fuses_its_input_norm() -> None:
     fused, plain = mlp.forward_normed(norm, xb), mlp(norm(xb))
     assert mlp.gate_proj.weight.ops.ran["rmsnorm_act_quant"] == "torch"
     assert (fused.float() - plain.float()).abs().max().item() <= 0.05 * plain.float().abs().max().item()
+
+
+def test_mn_major_activation_scales_same_logits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """DeepSeek-V3 (ragged: partial 128-groups, MLA, shared and routed experts) served with fp8-block scales
+    written MN-major (the GPU default): every quantizer the engine calls writes that layout, and the
+    logits are those of the row-major run, bit for bit."""
+    from quantkit.synth import synthesize
+
+    synthesize("deepseek-v3", tmp_path / "ds", preset="tiny-ragged")
+    ids = torch.arange(1, 60, 4)
+    with torch.no_grad():
+        row = load(tmp_path / "ds", "cpu", torch.bfloat16)(ids)
+    seen = []
+    real = fp8_block.act_scales_mn
+    monkeypatch.setattr(fp8_block, "act_scales_mn", lambda s: seen.append(tuple(s.shape)) or real(s))
+    model = load(tmp_path / "ds", "cpu", torch.bfloat16, scale_mn=True)
+    with torch.no_grad():
+        mn = model(ids)
+    assert {"rmsnorm_act_quant", "silu_mul_act_quant"} <= set(model.ops.ran), model.ops.ran
+    assert len(seen) >= 3, f"the quantizers wrote MN-major scales {len(seen)} times"
+    assert torch.equal(mn, row), (mn - row).abs().max().item()
+    with pytest.raises(ValueError, match="MN-major activation scales are an fp8-block layout, not mxfp8"):
+        ActQuant("mxfp8", scale_mn=True)

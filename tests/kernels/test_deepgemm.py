@@ -57,23 +57,30 @@ def test_config_m_buckets():
 def test_prepare_weight_layouts_and_errors(gen):
     w = torch.randn(2, 256, 2880, generator=gen) * 0.02
     q, s = zip(*(fp8_block.quantize_weight(w[e]) for e in range(2)))
-    dw = dg.prepare_weight(torch.stack(q), torch.stack(s))
-    assert (dw.n, dw.k, dw.groups) == (256, 2880, 2) and dw.w.shape == (512, 2944) and dw.w.dtype == torch.float8_e4m3fn
-    assert torch.equal(dw.w[256:, :2880].view(torch.uint8), q[1].view(torch.uint8))
-    assert not dw.w[:, 2880:].view(torch.uint8).any(), "K padding must be zeros"
+    stacked = torch.stack(q)
+    dw = dg.prepare_weight(stacked, torch.stack(s))
+    assert (dw.n, dw.k, dw.groups) == (256, 2880, 2) and dw.w.shape == (512, 2880) and dw.w.dtype == torch.float8_e4m3fn
+    assert dw.w.data_ptr() == stacked.data_ptr(), "no copy: TMA zero-fills K past 2880"
+    assert torch.equal(dw.w[256:].view(torch.uint8), q[1].view(torch.uint8))
+    with pytest.raises(ValueError, match="K=2888 is not a multiple of 16"):
+        dg.prepare_weight(torch.zeros(256, 2888, dtype=torch.float8_e4m3fn), torch.ones(2, 23))
     with pytest.raises(ValueError, match="N=100 is not a multiple of 8"):
         dg.prepare_weight(torch.zeros(100, 256, dtype=torch.float8_e4m3fn), torch.ones(1, 2))
     with pytest.raises(ValueError, match=r"weight scales \(2, 3\) do not fit a weight \(256, 256\)"):
         dg.prepare_weight(torch.zeros(256, 256, dtype=torch.float8_e4m3fn), torch.ones(2, 3))
 
 
-@pytest.mark.parametrize("m", [5, 8])
+@pytest.mark.parametrize("m", [1, 5, 8])
 def test_prepare_act_scales_are_mn_major(gen, m):
-    a, sa = fp8_block.quantize_act(torch.randn(m, 300, generator=gen))
-    ap, st = dg.prepare_act(a, sa, 384)
-    assert ap.shape == (m, 384) and not ap[:, 300:].view(torch.uint8).any()
+    x = torch.randn(m, 304, generator=gen)
+    a, sa = fp8_block.quantize_act(x)
+    ap, st = dg.prepare_act(a, sa)
+    assert ap.data_ptr() == a.data_ptr() and ap.shape == (m, 304)
     assert st.shape == (3, -(-m // 4) * 4) and st.is_contiguous()
     assert torch.equal(st[:, :m], sa.t()) and not st[:, m:].any()
+    _, sa_mn = fp8_block.quantize_act(x, scale_mn=True)  # written MN-major: its own buffer, no copy
+    _, st_mn = dg.prepare_act(a, sa_mn)
+    assert torch.equal(st_mn, st) and st_mn.data_ptr() == sa_mn.data_ptr()
 
 
 def test_no_rows_no_launch():
@@ -87,9 +94,12 @@ def test_availability_and_by_shape_fallback(monkeypatch):
     assert sm.by_shape_choice(64, 7168, 2048) == "triton"  # no device: never DeepGEMM
     monkeypatch.setattr(dg, "available_cached", lambda device: dispatch.Availability(True, auto=False))
     cuda = torch.device("cuda")
-    assert [sm.by_shape_choice(m, 7168, 2048, cuda) for m in (1, 32, 33, 64, 65, 8192)] == ["triton", "triton", "deepgemm", "deepgemm", "triton", "triton"]
-    assert sm.by_shape_choice(64, 32768, 512, cuda) == "triton"  # K < 1024: measured slower (DeepSeek-V3 kv_b)
-    assert sm.by_shape_choice(64, 2880, 2880, cuda) == "triton"  # K % 128: the weight would be padded per call
+    assert [sm.by_shape_choice(m, 7168, 2048, cuda) for m in (1, 24, 25, 32, 33, 64, 65, 512, 513, 8192)] == ["triton"] * 2 + ["deepgemm"] * 6 + ["triton"] * 2
+    assert [sm.by_shape_choice(m, 32768, 512, cuda) for m in (64, 65)] == ["deepgemm", "triton"]  # DeepSeek-V3 kv_b
+    assert [sm.by_shape_choice(m, 7168, 16384, cuda) for m in (32, 33)] == ["triton", "deepgemm"]  # long K at M <= 32: split-K wins
+    assert [sm.by_shape_choice(32, 4096, k, cuda) for k in (4096, 4112)] == ["deepgemm", "triton"]
+    assert sm.by_shape_choice(64, 2880, 2880, cuda) == "deepgemm"  # K % 128 != 0: TMA zero-fills the last block
+    assert sm.by_shape_choice(64, 2880, 2888, cuda) == "triton"  # K % 16: no 16-byte TMA rows
     assert sm.by_shape_choice(64, 2116, 2048, cuda) == "triton"  # N % 8
     monkeypatch.setattr(dg, "available_cached", lambda device: dispatch.Availability(False, reason="no nvcc"))
     assert sm.by_shape_choice(64, 7168, 2048, cuda) == "triton"
@@ -161,15 +171,16 @@ def test_gpu_dense(gen, m, n, k, bias):
 
 @pytest.mark.gpu
 @needs_dg
-def test_gpu_grouped_contiguous_and_graph(gen):
-    e, n, k = 5, 384, 1024
+@pytest.mark.parametrize("k", [1024, 2880])  # 2880: TMA zero-fills the last K block of every expert
+def test_gpu_grouped_contiguous_and_graph(gen, k):
+    e, n = 5, 384
     w = torch.randn(e, n, k, generator=gen) * 0.02
     q, s = (torch.stack(t).cuda() for t in zip(*(fp8_block.quantize_weight(w[i]) for i in range(e))))
     counts = [130, 0, 1, 256, 77]  # an empty expert, one row, a full 2-block expert
     m_idx = torch.cat([torch.full((-(-c // 128) * 128,), i, dtype=torch.int32) for i, c in enumerate(counts)]).cuda()
     a, sa = (t.cuda() for t in fp8_block.quantize_act(torch.randn(m_idx.numel(), k, generator=gen)))
     dw = dg.prepare_weight(q, s)
-    ap, st = dg.prepare_act(a, sa, k)
+    ap, st = dg.prepare_act(a, sa)
     out = dg.gemm_prepared(ap, st, dw, m_indices=m_idx)
     for i in range(e):
         rows = m_idx == i
@@ -197,3 +208,19 @@ def test_gpu_by_shape_runs_deepgemm_in_its_range(gen):
     out = dispatch.call("gemm_fp8_block", a, sa, q, sw, b, backend="by-shape")
     assert_gemm_close(out, sm.gemm_fp8_block_ref(a, sa, q, sw, b, torch.float32), "by-shape -> deepgemm", 1e-3)
     assert torch.equal(out, dispatch.call("gemm_fp8_block", a, sa, q, sw, b, backend="deepgemm"))
+
+
+@pytest.mark.gpu
+@needs_dg
+@pytest.mark.parametrize("m,n,k", [(33, 5120, 2880), (64, 2880, 2880), (48, 4096, 7168), (64, 2880, 4096)])
+def test_gpu_by_shape_on_mn_major_scales_from_the_quantizer(gen, m, n, k):
+    """The engine's path on a GPU: the Triton quantizer writes MN-major scales, by-shape hands their buffer to
+    DeepGEMM (K = 2880 included: TMA zero-fills the last block); the bits equal the row-major run's."""
+    x = (torch.randn(m, k, generator=gen) * 2).to(torch.bfloat16).cuda()
+    a, sa = dispatch.call("act_quant_fp8_block", x, backend="triton", scale_mn=True)
+    q, sw = (t.cuda() for t in fp8_block.quantize_weight(torch.randn(n, k, generator=gen) * 0.02))
+    assert fp8_block.mn_major_storage(sa) is not None and dg.prepare_act(a, sa)[1].data_ptr() == sa.data_ptr()
+    assert sm.by_shape_choice(m, n, k, a.device) == "deepgemm"
+    out = dispatch.call("gemm_fp8_block", a, sa, q, sw, backend="by-shape")
+    assert_gemm_close(out, sm.gemm_fp8_block_ref(a, sa, q, sw, None, torch.float32), f"by-shape MN-major M={m} N={n} K={k}", 1e-3)
+    assert torch.equal(out, dispatch.call("gemm_fp8_block", a, sa.contiguous(), q, sw, backend="deepgemm"))

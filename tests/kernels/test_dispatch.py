@@ -31,13 +31,19 @@ def test_every_op_has_its_formats_reference_as_torch_backend():
 
 @pytest.mark.parametrize("op", CONVERSION_OPS)
 def test_triton_backend_registered_with_the_reference_signature(op):
-    """A backend is a drop-in: same positional parameters and defaults as the reference;
-    launch tuning only as extra keyword-only parameters."""
+    """A backend is a drop-in: same positional parameters and defaults as the reference, and its
+    keyword-only ones (e.g. ``scale_mn``); launch tuning only as extra keyword-only parameters."""
     assert dispatch.backends(op)[0] == "triton"  # highest priority
     ref = inspect.signature(dispatch.REGISTRY.table(op)["torch"].fn).parameters
     tri = inspect.signature(dispatch.REGISTRY.table(op)["triton"].fn).parameters
-    head = [p for p in tri.values() if p.kind is not inspect.Parameter.KEYWORD_ONLY]
-    assert [(p.name, p.default) for p in head] == [(p.name, p.default) for p in ref.values()]
+
+    def head(ps):
+        return [(p.name, p.default) for p in ps.values() if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+
+    assert head(tri) == head(ref)
+    for name, p in ref.items():
+        if p.kind is inspect.Parameter.KEYWORD_ONLY:
+            assert name in tri and tri[name].default == p.default, f"{op}: the Triton backend lacks the reference's keyword {name}"
 
 
 @pytest.mark.parametrize("op", CONVERSION_OPS)

@@ -48,7 +48,7 @@ class MLP(nn.Module):
     def _down(self, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """down(silu(g) * u) with the product quantized by ``silu_mul_act_quant`` (bf16, quantizing down_proj)."""
         act = self.down_proj.weight.act
-        a, s = self.down_proj.weight.ops.call("silu_mul_act_quant", g, u, act.kind, act.scale_fmt, act.rule)
+        a, s = self.down_proj.weight.ops.call("silu_mul_act_quant", g, u, act.kind, act.scale_fmt, act.rule, **act.layout())
         return self.down_proj.quantized(a, s, g.dtype)
 
     def unfused(self, x: torch.Tensor) -> torch.Tensor:

@@ -59,4 +59,4 @@ def norm_quantized(norm: RMSNorm, consumers: Sequence[nn.Module], x: torch.Tenso
         return None
     act = acts.pop()
     ops = consumers[0].weight.ops
-    return ops.call("rmsnorm_act_quant", x, norm.weight, norm.eps, act.kind, act.scale_fmt, act.rule, norm.order)
+    return ops.call("rmsnorm_act_quant", x, norm.weight, norm.eps, act.kind, act.scale_fmt, act.rule, norm.order, **act.layout())

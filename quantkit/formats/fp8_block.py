@@ -151,7 +151,9 @@ def act_scales_mn(s: torch.Tensor) -> torch.Tensor:
 
 def mn_major_storage(s: torch.Tensor) -> torch.Tensor | None:
     """The [G, mn_rows(M)] buffer under MN-major activation scales [..., G] (None for any other layout):
-    the operand DeepGEMM and cuBLAS read, no copy."""
+    the operand DeepGEMM and cuBLAS read, no copy.  Strides cannot tell a [1, 1] tensor's layout: it is
+    taken as MN-major where its storage holds the 4 floats of the buffer (padding columns are only ever
+    multiplied by zero rows of A, so their values do not reach an output)."""
     if s.dtype != torch.float32 or s.dim() < 1:
         return None
     groups = s.shape[-1]

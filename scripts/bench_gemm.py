@@ -3,7 +3,8 @@ against the bf16 matmul, on the served models' projection shapes; then a config 
 
 Main pass, per (shape, M): bf16 matmul; cuBLAS block-scaled ``scaled_mm`` on prepared operands;
 the Triton op with its config table; ``by-shape`` through the dispatcher, on activation scales
-written MN-major as the engine's quantizers write them on a GPU (per-call layout work included); the MXFP8 paths (emulated, 128x128 weight, dequant-bf16).  Sweep: candidate
+written MN-major as the engine's quantizers write them on a GPU (per-call layout work included);
+DeepGEMM on prepared operands; the MXFP8 paths (emulated, 128x128 weight, dequant-bf16).  Sweep: candidate
 configs per M on :data:`TUNE_SHAPES` (graph timing only), ranked by geomean time, printed as
 config-table rows.  Shapes, M values and goals are data below.
 """

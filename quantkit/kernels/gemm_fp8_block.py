@@ -19,9 +19,9 @@ The kernel and its launch come from a table by M (:data:`FP8_BLOCK_CONFIGS`, mea
   128x128 on two with TMA loads when rows are 16-byte aligned, else pointer loads -- the table's
   rules; an explicit ``config`` the operands cannot take raises instead).
 
-``by-shape`` (the backend ``auto`` picks on Hopper) runs cuBLAS or this Triton op per the
-measured crossover table :data:`.scaled_mm.BY_SHAPE_FP8`, and says which through
-:func:`.scaled_mm.by_shape_choice`.
+``by-shape`` (the backend ``auto`` picks on Hopper) runs DeepGEMM (:mod:`.deepgemm`, where it is
+built) or this Triton op per the measured crossover table :data:`.scaled_mm.BY_SHAPE_FP8`, and says
+which through :func:`.scaled_mm.by_shape_choice`.
 """
 
 from __future__ import annotations

@@ -218,8 +218,6 @@ def _sweep_plan(args: argparse.Namespace, shapes: list, ms: list[int], cuda: boo
 
 def deepgemm_prebuild(b: Bench, shapes: list, ms: list[int]) -> None:
     """Compile every DeepGEMM kernel the main pass will time, 16 at a time (about 4 s each)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from quantkit.kernels import deepgemm
     from quantkit.kernels.dispatch import sm_count
 
@@ -230,9 +228,8 @@ def deepgemm_prebuild(b: Bench, shapes: list, ms: list[int]) -> None:
     sms = sm_count(b.device)
     jobs = {(n, k, deepgemm.best_config(deepgemm.config_m(m), n, -(-k // 128) * 128, sms)) for _, _, n, k in shapes for m in ms if n % 8 == 0}
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(16) as pool:
-        errors = [f for f in [pool.submit(deepgemm.build, n, k, cfg) for n, k, cfg in jobs] if f.exception()]
-    b.log(f"  deepgemm: {len(jobs)} kernels built in {time.perf_counter() - t0:.1f} s ({len(errors)} failed: {[str(f.exception())[:300] for f in errors[:2]]})")
+    errors = deepgemm.prebuild(jobs, 16)
+    b.log(f"  deepgemm: {len(jobs)} kernels built in {time.perf_counter() - t0:.1f} s ({len(errors)} failed: {[e[:300] for e in errors[:2]]})")
     b.notes.append(
         f"deepgemm: DeepGEMM's fp8_gemm_kernel from FlashInfer's copy ({deepgemm.include_dir()}), compiled by nvcc per (N, K, tiles) "
         "with DeepGEMM's own tile/stage/multicast choice; operands prepared outside the timing as for cuBLAS (activation scales MN-major "

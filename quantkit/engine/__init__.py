@@ -8,6 +8,7 @@ and the flat-token :class:`Batch` a scheduler drives.
     step = cache.schedule({"a": len(prompt_a), "b": len(prompt_b)})
     logits = model(torch.cat([prompt_a, prompt_b]), step.positions, cache, step)
     layers = hidden_states(model, input_ids)                # per-layer, as transformers' output_hidden_states
+    errors = model.prepare_kernels()                        # on a GPU: compile DeepGEMM's kernels ahead (warm-up)
 
 Numerics: ``load(..., act_quant=True)`` (default) quantizes activations dynamically as the serving
 kernels do for the checkpoint's formats; ``act_quant=False`` keeps them unquantized (the source

@@ -16,7 +16,7 @@ from .batch import Batch
 from .kv_cache import KVCache
 from .layers.mlp import MLP
 from .layers.norm import RMSNorm
-from .qlinear import Linear
+from .qlinear import Fp8Block, Linear, RowGroup
 
 
 class DecoderLayer(nn.Module):
@@ -106,3 +106,26 @@ class CausalLM(nn.Module):
         (a server needs just ``batch.last_token_rows()``)."""
         h = self.hidden(input_ids, positions, kv_cache, batch, collect)
         return self.lm_head(h if rows is None else h[rows]).to(torch.float32)
+
+    def gemm_shapes(self) -> set[tuple[int, int]]:
+        """(N, K) of the fp8-block GEMMs this model runs through its dispatcher with quantized activations: every
+        such linear (one expert's matrix for stacked experts) and the row groups' fused projections (made now,
+        as on their first use)."""
+        groups = [v for m in self.modules() for v in vars(m).values() if isinstance(v, RowGroup)]
+        fused = [(g, g.fused()) for g in groups]
+        replaced = {id(p.weight) for g, f in fused if f is not None for p in g.parts}  # the fused GEMM runs instead
+        weights = [w for w in self.modules() if isinstance(w, Fp8Block) and id(w) not in replaced]
+        weights += [f.weight for _, f in fused if f is not None and isinstance(f.weight, Fp8Block)]
+        return {tuple(w.shape) for w in weights if w.act is not None}
+
+    def prepare_kernels(self, workers: int = 8) -> list[str]:
+        """Compile ahead the DeepGEMM kernels ``by-shape`` will run for this model's GEMMs (a server's warm-up:
+        otherwise the first batch of each size range waits about 4-5 s per kernel for nvcc).  Nothing where
+        the dispatcher does not choose by-shape for ``gemm_fp8_block`` or DeepGEMM is not available.  The
+        failed builds' messages (by-shape runs Triton for those)."""
+        from ..kernels import deepgemm, scaled_mm
+
+        ops = getattr(self, "ops", None)  # set by the loader
+        if self.device.type != "cuda" or ops is None or ops.which("gemm_fp8_block", self.device) != "by-shape":
+            return []
+        return deepgemm.prebuild(scaled_mm.deepgemm_jobs(self.gemm_shapes(), self.device), workers)

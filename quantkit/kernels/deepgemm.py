@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -268,6 +269,17 @@ def build(n: int, k: int, cfg: Config, groups: int = 1, contiguous: bool = False
     with _LOCK:
         _LIBS[key] = lib
     return lib
+
+
+def prebuild(jobs: Iterable[tuple[int, int, Config]], workers: int = 8) -> list[str]:
+    """Compile these (N, true K, config) kernels ahead, ``workers`` nvcc at a time (a kernel takes about
+    4-5 s, then loads from the on-disk cache): a server's warm-up, so no request waits for nvcc
+    (:func:`quantkit.kernels.scaled_mm.deepgemm_jobs` lists what by-shape will build).  The failed builds' messages."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        futures = [pool.submit(build, n, k, cfg) for n, k, cfg in sorted(set(jobs), key=str)]
+    return [str(f.exception()) for f in futures if f.exception() is not None]
 
 
 @dataclass(frozen=True)

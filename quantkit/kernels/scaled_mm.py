@@ -25,6 +25,7 @@ has it, else ``torch._scaled_mm`` with the same tensors; :func:`api` says which.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -191,6 +192,20 @@ def by_shape_choice(m: int, n: int, k: int, device: torch.device | None = None) 
     if n % 16:
         return "triton"  # cuBLAS FP8 needs N % 16 == 0
     return choice
+
+
+def deepgemm_jobs(shapes: Iterable[tuple[int, int]], device: torch.device) -> set[tuple[int, int, object]]:
+    """The DeepGEMM kernels by-shape builds for [N, K] weights on ``device`` at every M it sends to DeepGEMM:
+    (N, K, config) for :func:`.deepgemm.prebuild` (empty where DeepGEMM is not available)."""
+    from . import deepgemm
+
+    jobs: set[tuple[int, int, object]] = set()
+    top = max(m_max for m_max, b in BY_SHAPE_FP8 if b == "deepgemm")
+    for n, k in set(shapes):
+        for m in range(1, top + 1):
+            if by_shape_choice(m, n, k, device) == "deepgemm":
+                jobs.add((n, k, deepgemm.best_config(deepgemm.config_m(m), n, -(-k // BLOCK) * BLOCK, dispatch.sm_count(device))))
+    return jobs
 
 
 def cublas_available(device: torch.device) -> dispatch.Availability:

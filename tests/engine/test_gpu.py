@@ -121,3 +121,24 @@ def test_torch_backend_override_on_cuda(tiny, tmp_path: Path) -> None:
     assert set(model.ops.ran.values()) == {"torch"} and "fused_moe" in model.ops.ran
     for g, r in zip(got, ref, strict=True):
         assert (g - r).abs().max().item() <= 1e-4 * max(1.0, r.abs().max().item())
+
+
+def test_prepare_kernels_builds_what_the_forward_runs(tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm-up compiles every DeepGEMM kernel by-shape will use: a forward at each of its M ranges then
+    compiles nothing more."""
+    from quantkit.kernels import deepgemm
+
+    if not deepgemm.available(torch.device("cuda")).ok:
+        pytest.skip("DeepGEMM is not available (headers, nvcc)")
+    monkeypatch.setattr(deepgemm.SETTINGS, "cache_dir", tmp_path / "dg")
+    monkeypatch.setattr(deepgemm, "_LIBS", {})
+    q, _ = requantize(tiny("qwen3-moe"), tmp_path / "q", "fp8-block")
+    model = load(q, "cuda", torch.bfloat16)
+    assert model.prepare_kernels() == []
+    built = set((tmp_path / "dg").glob("*.so"))
+    assert built, "the tiny model's shapes should reach DeepGEMM"
+    with torch.no_grad():
+        for t in (30, 64, 100, 200, 400):
+            model(torch.arange(1, t + 1, device="cuda") % 100)
+    assert set((tmp_path / "dg").glob("*.so")) == built
+    assert model.ops.ran["gemm_fp8_block"] == "by-shape"

@@ -123,3 +123,48 @@ def test_mn_major_activation_scales_same_logits(tmp_path: Path, monkeypatch: pyt
     assert torch.equal(mn, row), (mn - row).abs().max().item()
     with pytest.raises(ValueError, match="MN-major activation scales are an fp8-block layout, not mxfp8"):
         ActQuant("mxfp8", scale_mn=True)
+
+
+@pytest.mark.parametrize("kind", ["deepseek-v3", "qwen3-moe", "gpt-oss"])
+def test_gemm_shapes_cover_every_quantized_gemm_the_model_runs(tiny, tmp_path: Path, kind: str):
+    """What ``prepare_kernels`` compiles ahead: every (N, K) the forward hands the fp8-block GEMM op (fused
+    row groups included), and on a CPU nothing is built."""
+    src, _ = requantize(tiny(kind), tmp_path / "q", "fp8-block")
+    model = load(src, "cpu", torch.bfloat16)
+    seen = set()
+    call = model.ops.call
+
+    def recording(op, *args, **kw):
+        if op == "gemm_fp8_block":
+            seen.add(tuple(args[2].shape))
+        return call(op, *args, **kw)
+
+    model.ops.call = recording
+    with torch.no_grad():
+        model(torch.arange(1, 40, 3))
+    assert seen and seen <= model.gemm_shapes(), f"ran {sorted(seen)}, listed {sorted(model.gemm_shapes())}"
+    assert model.prepare_kernels() == []
+
+
+def test_gemm_shapes_list_a_fused_row_group_instead_of_its_parts():
+    from torch import nn
+
+    from quantkit.engine.model import CausalLM
+    from quantkit.engine.qlinear import Fp8Block, Linear, RowGroup
+
+    def proj(n: int) -> Linear:
+        q, s = fp8_block.quantize_weight(torch.randn(n, 256) * 0.02)
+        return Linear(Fp8Block(q, s, ActQuant("fp8-block")))
+
+    class Holder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.o = proj(256), proj(128), proj(384)
+            self.qk = RowGroup((self.q, self.k))
+
+    assert CausalLM.gemm_shapes(Holder()) == {(384, 256)}, "q + k fused (384 x 256), o (384 x 256); not q or k alone"
+    h = Holder()
+    h.o = proj(128)
+    h.k = Linear(Fp8Block(*fp8_block.quantize_weight(torch.randn(100, 256)), ActQuant("fp8-block")))
+    h.qk = RowGroup((h.k, h.q))  # 100 rows first: not whole scale tiles, no fusion: the parts run
+    assert CausalLM.gemm_shapes(h) == {(100, 256), (256, 256), (128, 256)}

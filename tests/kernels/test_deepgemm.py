@@ -224,3 +224,27 @@ def test_gpu_by_shape_on_mn_major_scales_from_the_quantizer(gen, m, n, k):
     out = dispatch.call("gemm_fp8_block", a, sa, q, sw, backend="by-shape")
     assert_gemm_close(out, sm.gemm_fp8_block_ref(a, sa, q, sw, None, torch.float32), f"by-shape MN-major M={m} N={n} K={k}", 1e-3)
     assert torch.equal(out, dispatch.call("gemm_fp8_block", a, sa.contiguous(), q, sw, backend="deepgemm"))
+
+
+def test_deepgemm_jobs_follow_by_shape_and_prebuild_reports_failures(monkeypatch):
+    """The warm-up list: one kernel per M bucket where by-shape sends the shape to DeepGEMM; prebuild compiles
+    each once and returns the failures' messages."""
+    monkeypatch.setattr(dg, "available_cached", lambda device: dispatch.Availability(True, auto=False))
+    monkeypatch.setattr(dispatch, "sm_count", lambda device: 132)
+    cuda = torch.device("cuda")
+    jobs = sm.deepgemm_jobs([(7168, 2048), (32768, 512), (7168, 16384), (7168, 2048)], cuda)
+
+    def want(n, k, ms):
+        return {(n, k, dg.best_config(m, n, k, 132)) for m in ms}
+
+    assert jobs == want(7168, 2048, (64, 128, 256, 512)) | want(32768, 512, (64,)) | want(7168, 16384, (64, 128, 256, 512))
+    built = []
+
+    def fake_build(n, k, cfg):
+        built.append((n, k, cfg))
+        if k == 512:
+            raise dg.BuildError("DeepGEMM build failed for N=32768 K=512: nvcc fatal")
+
+    monkeypatch.setattr(dg, "build", fake_build)
+    errors = dg.prebuild(jobs, workers=3)
+    assert sorted(built, key=str) == sorted(jobs, key=str) and errors == ["DeepGEMM build failed for N=32768 K=512: nvcc fatal"]

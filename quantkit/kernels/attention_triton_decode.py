@@ -198,7 +198,7 @@ def attention_decode(
     part = out if final else torch.empty(b, hq, splits, dv, dtype=torch.float32, device=dev)  # [B, Hq, S, Dv]
     lse = out if final else torch.empty(b, hq, splits, dtype=torch.float32, device=dev)  # [B, Hq, S]
     sink_arg = sinks if sinks is not None else q
-    pdl = cfg.pdl and pdl_ok(dev)
+    pdl = pdl_ok(dev, cfg.pdl)
     _decode_split_kernel[(b, hkv, splits)](
         q, k_cache, v_cache, block_tables, context_lens, sink_arg, out, part, lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
@@ -218,7 +218,7 @@ def merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, sinks
     log2-sum-exp2 lse float32 [B, H, S] (the sink, float32 [H] natural-log units, joins the
     denominator); split-KV decode of the sink attention and of MLA.  ``pdl``: launched as a programmatic dependent
     (dropped where that does not exist)."""
-    pdl = pdl and pdl_ok(out.device)
+    pdl = pdl_ok(out.device, pdl)
     b, h, splits, dv = part.shape
     _decode_merge_kernel[(b, h)](
         part, lse, sinks if sinks is not None else part, out,

@@ -31,7 +31,7 @@ import triton.language as tl
 from ..formats import e8m0, fp8_block, mxfp8
 from . import dispatch
 from . import fused_act_quant_ref as ref
-from .group_quant import MODE_FLOAT, MODE_MX, MODE_UE8M0, scale_strides, store_scales  # shared with the plain quantizer
+from .group_quant import MODE_FLOAT, MODE_MX, MODE_UE8M0, quant_outputs, store_scales  # shared with the plain quantizer
 from .triton_numerics import (
     PRIORITY,
     abs_max,
@@ -200,13 +200,6 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t2 if t2.stride(-1) == 1 or t2.shape[-1] == 1 else t2.contiguous()
 
 
-def _outputs(lead: tuple[int, ...], k: int, group: int, scale_dtype: torch.dtype, device: torch.device, scale_mn: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    q = torch.empty((*lead, k), dtype=torch.float8_e4m3fn, device=device)  # [..., K]
-    if scale_mn:  # F32 MN-major (fp8-block only: ref.check_fmt)
-        return q, fp8_block.empty_act_scales(lead, cdiv(k, group), device, True)
-    return q, torch.empty((*lead, cdiv(k, group)), dtype=scale_dtype, device=device)  # [..., ceil(K/G)]
-
-
 @dispatch.backend("rmsnorm_act_quant", "triton", available=available, priority=PRIORITY)
 def rmsnorm_act_quant(
     x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: str, scale_fmt: str = "float", rule: str = e8m0.DEFAULT_RULE, order: str = "hf",
@@ -218,14 +211,14 @@ def rmsnorm_act_quant(
     mode, group, scale_dtype = _mode(fmt, scale_fmt)
     k = x.shape[-1]
     x2, w = _rows(x), weight.contiguous()
-    q, s = _outputs(x.shape[:-1], k, group, scale_dtype, x.device, scale_mn)
+    q, s, s_strides = quant_outputs(tuple(x.shape[:-1]), k, group, scale_dtype, x.device, scale_mn)  # MN-major: fp8-block only (ref.check_fmt)
     m, n_groups = x2.shape[0], cdiv(k, group)
     out_dtype = torch.promote_types(weight.dtype, x.dtype) if order == "hf" else x.dtype
     block_m = min(block_m, next_pow2(max(m, 1)))
     groups = min(groups, next_pow2(n_groups))
     if m:
         _rmsnorm_quant_kernel[(cdiv(m, block_m),)](
-            x2, w, q.view(torch.uint8), s, m, k, n_groups, x2.stride(0), float(k), ref.f32(eps), *scale_strides(m, n_groups, scale_mn),
+            x2, w, q.view(torch.uint8), s, m, k, n_groups, x2.stride(0), float(k), ref.f32(eps), *s_strides,
             G=group, BLOCK_M=block_m, UNROLL=unroll, GROUPS=groups, MODE=mode, RCEIL=rule == "rceil", HW_CAST=hw_e4m3(x.device, hw_cast),
             ROUND_H=order == "hf" and x.dtype == torch.bfloat16, ROUND_Y=out_dtype == torch.bfloat16,
             num_warps=num_warps, enable_fp_fusion=False,
@@ -239,13 +232,13 @@ def _launch_act(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     mode, group, scale_dtype = _mode(fmt, scale_fmt)
     (m, n), n_groups = gate.shape, cdiv(gate.shape[1], group)  # gate, up: [M, N] views, unit column stride or 2
-    q, s = _outputs(lead, n, group, scale_dtype, gate.device, scale_mn)
+    q, s, s_strides = quant_outputs(lead, n, group, scale_dtype, gate.device, scale_mn)
     block_m = min(tile[0], next_pow2(max(m, 1)))
     groups = min(tile[1], next_pow2(n_groups))
     if m:
         grid = (cdiv(m, block_m), cdiv(n_groups, groups))
         _act_quant_kernel[grid](
-            gate, up, q.view(torch.uint8), s, m, n, n_groups, *gate.stride(), *up.stride(), alpha, limit, *scale_strides(m, n_groups, scale_mn),
+            gate, up, q.view(torch.uint8), s, m, n, n_groups, *gate.stride(), *up.stride(), alpha, limit, *s_strides,
             ACT=act, ROUND=gate.dtype == torch.bfloat16, G=group, BLOCK_M=block_m, GROUPS=groups, MODE=mode,
             RCEIL=rule == "rceil", HW_CAST=hw_e4m3(gate.device, hw_cast), num_warps=num_warps, enable_fp_fusion=False,
         )  # fmt: skip

@@ -340,7 +340,7 @@ def fused_moe(
     sorted_rows = cfg.sorted_rows and sorted_ok(w13, w2, spec, cfg.block_n1, cfg.block_n2, cfg.upcast)
     # the gathered-row chain (align, quantize, GEMM 1, quantize, GEMM 2, combine) as programmatic dependents: each
     # launch overlaps its predecessor's tail (pdl_enter)
-    pdl = cfg.pdl and not sorted_rows and pdl_ok(x.device)
+    pdl = pdl_ok(x.device, cfg.pdl and not sorted_rows)
     w = topk_weights.to(torch.float32).contiguous()
     al = align(topk_ids, e, cfg.block_m, pdl)
     y = torch.empty((n, h), dtype=x.dtype, device=x.device)  # [T*k, H], slot order

@@ -18,6 +18,8 @@ x / s is the IEEE quotient (triton_numerics.divide).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -79,13 +81,18 @@ def store_scales(s_ptr, s_out, rows, grps, M, n_groups, ss_m, ss_g, m_pad, last)
         tl.store(s_ptr + pr[:, None] * ss_m + grps[None, :] * ss_g, zero, mask=(pr < m_pad)[:, None] & gmask[None, :])
 
 
-def scale_strides(m: int, n_groups: int, scale_mn: bool) -> tuple[int, int, int]:
-    """(row stride, group stride, padded rows) of the scales :func:`quantkit.formats.fp8_block.empty_act_scales`
-    makes for M rows, as :func:`store_scales` takes them."""
+def quant_outputs(
+    lead: tuple[int, ...], k: int, group: int, scale_dtype: torch.dtype, device: torch.device, scale_mn: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int, int]]:
+    """E4M3 [*lead, K] and scales [*lead, ceil(K/group)] for a quantizer to fill -- contiguous, or F32 MN-major
+    (:func:`quantkit.formats.fp8_block.empty_act_scales`) -- and the scales' (row stride, group stride, padded
+    rows) as :func:`store_scales` takes them."""
+    n_groups, m = cdiv(k, group), math.prod(lead)
+    q = torch.empty((*lead, k), dtype=torch.float8_e4m3fn, device=device)
     if scale_mn:
         rows = fp8_block.mn_rows(m)
-        return 1, rows, rows
-    return n_groups, 1, m
+        return q, fp8_block.empty_act_scales(lead, n_groups, device, True), (1, rows, rows)
+    return q, torch.empty((*lead, n_groups), dtype=scale_dtype, device=device), (n_groups, 1, m)
 
 
 @triton.jit(do_not_specialize=["k0", "k1", "offset", "m_pad"])
@@ -136,19 +143,15 @@ def _launch(
     k = x.shape[-1]
     m = x.numel() // k if k else 0
     n_groups = cdiv(k, group)
-    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)  # [..., K]
-    if scale_mn:  # F32 [..., ceil(K/G)] MN-major
-        s = fp8_block.empty_act_scales(tuple(x.shape[:-1]), n_groups, x.device, True)
-    else:
-        s = torch.empty((*x.shape[:-1], n_groups), dtype=scale_dtype, device=x.device)  # [..., ceil(K/G)]
+    q, s, s_strides = quant_outputs(tuple(x.shape[:-1]), k, group, scale_dtype, x.device, scale_mn)  # [..., K], [..., ceil(K/G)]
     block_m = min(tile[0], next_pow2(max(m, 1)))
     groups = min(tile[1], next_pow2(max(n_groups, 1)))
     k0, k1 = stream_key_i32(rounding)
-    pdl = pdl and pdl_ok(x.device)  # a request, honoured where the launch exists (compiled sm_90+)
+    pdl = pdl_ok(x.device, pdl)
     if m and k:
         grid = (cdiv(m, block_m), cdiv(n_groups, groups))
         _group_quant_kernel[grid](
-            x, q.view(torch.uint8), s, m, k, n_groups, k0, k1, rounding.offset, *scale_strides(m, n_groups, scale_mn),
+            x, q.view(torch.uint8), s, m, k, n_groups, k0, k1, rounding.offset, *s_strides,
             G=group, BLOCK_M=block_m, GROUPS=groups, MODE=mode, RCEIL=rule == "rceil",
             STOCHASTIC=rounding.stochastic, WRAP=rounding.stochastic and wraps(rounding.offset, x.numel()), HW_CAST=hw_e4m3(x.device, hw_cast),
             PDL=pdl, num_warps=num_warps, launch_pdl=pdl,

@@ -219,7 +219,7 @@ def align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int, pdl: bo
     out = (sorted_ids, expert_ids, num_padded)
     # debug=True keeps the device assertion on ids; sanitize_overflow=False leaves the arithmetic unchecked
     opts = {"debug": True, "sanitize_overflow": False}
-    pdl = pdl and pdl_ok(ids.device)  # a request, honoured where the launch exists (compiled sm_90+)
+    pdl = pdl_ok(ids.device, pdl)
     if n <= SMALL_N_MAX:
         n_p2 = max(16, next_pow2(n))  # one compile per (N, BLOCK_M), none per E
         warps = max(4, n_p2 * n_p2 // 1024)  # at most 32 values of an [N, N] tile per thread

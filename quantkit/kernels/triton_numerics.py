@@ -288,9 +288,10 @@ def compiled_sm90(device: torch.device) -> bool:
     return not interpreted() and device.type == "cuda" and torch.version.hip is None and capability(device) >= (9, 0)
 
 
-def pdl_ok(device: torch.device) -> bool:
-    """Whether kernels on ``device`` may be launched as programmatic dependents (:func:`pdl_enter`)."""
-    return compiled_sm90(device)
+def pdl_ok(device: torch.device, requested: bool = True) -> bool:
+    """Whether a launch on ``device`` goes as a programmatic dependent (:func:`pdl_enter`): where it was
+    ``requested`` and exists (compiled sm_90+); elsewhere the request is dropped, the bytes the same."""
+    return requested and compiled_sm90(device)
 
 
 def hw_e4m3(device: torch.device, requested: bool | None = None) -> bool:

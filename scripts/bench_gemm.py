@@ -137,11 +137,10 @@ def gemm_one(b: Bench, case: str, m: int, n: int, k: int, wt: dict) -> None:
                   flops, b8, fp8_peak, c8, scaled_mm.by_shape_choice(m, n, k, b.device) + ", scales MN-major", host=True)  # fmt: skip
     if wt["dw"] is not None:
         from quantkit.kernels import deepgemm
-        from quantkit.kernels.dispatch import sm_count
 
         ad, sad = deepgemm.prepare_act(a, sa)
-        dcfg = deepgemm.best_config(deepgemm.config_m(m), n, -(-k // 128) * 128, sm_count(b.device))  # what by-shape runs
-        b.measure(fam, case, mnk, "deepgemm", lambda: deepgemm.gemm_prepared(ad, sad, wt["dw"], cfg=dcfg), flops, b8, fp8_peak, c8, dcfg.name(), host=True)
+        note = deepgemm.launch_config(m, n, k, b.device).name()  # the config gemm_prepared picks, as by-shape's launches do
+        b.measure(fam, case, mnk, "deepgemm", lambda: deepgemm.gemm_prepared(ad, sad, wt["dw"]), flops, b8, fp8_peak, c8, note, host=True)
     cfg = g8.fp8_block_config(a, sa, wt["q"], wt["sw"])
     b.measure(fam, case, mnk, "triton", lambda: g8.gemm_fp8_block(a, sa, wt["q"], wt["sw"]), flops, b8, fp8_peak, c8, cfg.name(), host=True)
     mx_calls = {
@@ -219,14 +218,12 @@ def _sweep_plan(args: argparse.Namespace, shapes: list, ms: list[int], cuda: boo
 def deepgemm_prebuild(b: Bench, shapes: list, ms: list[int]) -> None:
     """Compile every DeepGEMM kernel the main pass will time, 16 at a time (about 4 s each)."""
     from quantkit.kernels import deepgemm
-    from quantkit.kernels.dispatch import sm_count
 
     av = deepgemm.available(b.device)
     if not av.ok:
         b.notes.append(f"deepgemm: not run ({av.reason}).")
         return
-    sms = sm_count(b.device)
-    jobs = {(n, k, deepgemm.best_config(deepgemm.config_m(m), n, -(-k // 128) * 128, sms)) for _, _, n, k in shapes for m in ms if n % 8 == 0}
+    jobs = {(n, k, deepgemm.launch_config(m, n, k, b.device)) for _, _, n, k in shapes for m in ms if n % 8 == 0}
     t0 = time.perf_counter()
     errors = deepgemm.prebuild(jobs, 16)
     b.log(f"  deepgemm: {len(jobs)} kernels built in {time.perf_counter() - t0:.1f} s ({len(errors)} failed: {[e[:300] for e in errors[:2]]})")

@@ -229,6 +229,12 @@ def config_m(m: int) -> int:
     return 64 if m <= 64 else 128 if m <= 128 else 1 << (m - 1).bit_length()
 
 
+def launch_config(m: int, n: int, k: int, device: torch.device, contiguous: bool = False) -> Config:
+    """The config a launch of M rows on an [N, K] weight runs (and :func:`prebuild` compiles): DeepGEMM's rule
+    for M bucketed by :func:`config_m` and K rounded up to whole 128-blocks."""
+    return best_config(config_m(m), n, -(-k // BLOCK) * BLOCK, sm_count(device), 1, contiguous)
+
+
 _LIBS: dict[tuple, ctypes.CDLL] = {}
 _LOCK = threading.Lock()
 
@@ -326,8 +332,7 @@ def gemm_prepared(a: torch.Tensor, sa: torch.Tensor, dw: DeepGemmWeight, m_indic
     if contiguous and m % BLOCK:
         raise ValueError(f"DeepGEMM grouped contiguous: M={m} rows must be padded to a multiple of {BLOCK} per expert")
     sms = sm_count(a.device)
-    kp = -(-k // BLOCK) * BLOCK
-    cfg = cfg or best_config(config_m(m), dw.n, kp, sms, 1, contiguous)
+    cfg = cfg or launch_config(m, dw.n, k, a.device, contiguous)
     lib = build(dw.n, k, cfg, dw.groups, contiguous)
     out = torch.empty((m, dw.n), dtype=torch.bfloat16, device=a.device) if out is None else out
     layout = m_indices.data_ptr() if contiguous else 0
@@ -335,7 +340,7 @@ def gemm_prepared(a: torch.Tensor, sa: torch.Tensor, dw: DeepGemmWeight, m_indic
         stream = torch.cuda.current_stream(a.device).cuda_stream
         rc = lib.qk_launch(a.data_ptr(), sa.data_ptr(), dw.w.data_ptr(), dw.scale.data_ptr(), out.data_ptr(), layout, m, sms, cfg.smem, stream)
     if rc:
-        raise RuntimeError(f"DeepGEMM launch failed (code {rc}) for M={m} N={dw.n} K={kp} {cfg.name()}")
+        raise RuntimeError(f"DeepGEMM launch failed (code {rc}) for M={m} N={dw.n} K={k} {cfg.name()}")
     return out
 
 

@@ -204,7 +204,7 @@ def deepgemm_jobs(shapes: Iterable[tuple[int, int]], device: torch.device) -> se
     for n, k in set(shapes):
         for m in range(1, top + 1):
             if by_shape_choice(m, n, k, device) == "deepgemm":
-                jobs.add((n, k, deepgemm.best_config(deepgemm.config_m(m), n, -(-k // BLOCK) * BLOCK, dispatch.sm_count(device))))
+                jobs.add((n, k, deepgemm.launch_config(m, n, k, device)))
     return jobs
 
 

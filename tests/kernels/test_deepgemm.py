@@ -230,7 +230,7 @@ def test_deepgemm_jobs_follow_by_shape_and_prebuild_reports_failures(monkeypatch
     """The warm-up list: one kernel per M bucket where by-shape sends the shape to DeepGEMM; prebuild compiles
     each once and returns the failures' messages."""
     monkeypatch.setattr(dg, "available_cached", lambda device: dispatch.Availability(True, auto=False))
-    monkeypatch.setattr(dispatch, "sm_count", lambda device: 132)
+    monkeypatch.setattr(dg, "sm_count", lambda device: 132)
     cuda = torch.device("cuda")
     jobs = sm.deepgemm_jobs([(7168, 2048), (32768, 512), (7168, 16384), (7168, 2048)], cuda)
 

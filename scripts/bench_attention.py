@@ -180,7 +180,7 @@ def bench_prefill(b: Bench, sh: Shapes, fi, fi_backends: list[str]) -> None:
                 b.measure("prefill", case, shape, f"flashinfer-{fb} paged16", lazy(paged), **mk, note="SinkWrapper")
             b.measure("prefill", case, shape, "torch sdpa", sdpa_prefill(torch, q, k, v, lens, window, scale), flops, 0.0, peak, None,
                       note="no sinks", graph=False)
-        del q, k, v, kc, vc
+        q = k = v = kc = vc = None  # free the case's tensors (rebound, not deleted: the timed lambdas close over these names)
 
 
 def decode_inputs(torch, dev, sh: Shapes, b: int, ctx: int):
@@ -240,7 +240,7 @@ def bench_decode(b: Bench, sh: Shapes, fi, fi_backends: list[str]) -> None:
             b.measure("decode", case, (n, ctx, sh.d), "torch sdpa", lambda: F.scaled_dot_product_attention(q4, kk, vv, scale=scale, enable_gqa=True),
                       **{**mk, "check": None}, note="contiguous, no sinks")
             del kk, vv
-        del kc, vc
+        kc = vc = None  # free the cache (rebound: the timed lambdas close over these names)
 
 
 PREFILL_SWEEP = ((128, 64, 4, 3), (128, 64, 4, 2), (128, 64, 4, 4), (128, 128, 8, 3), (128, 128, 8, 2), (128, 128, 8, 4),
@@ -265,7 +265,7 @@ def bench_sweep(b: Bench, sh: Shapes, parts: list[str]) -> None:
             run = (lambda c: lambda: trid.attention_decode(q, kc, vc, bt, lens, PAGE, scale, sinks, config=c))(cfg)
             b.measure("decode", f"B={n} ctx={ctx}", (n, ctx, sh.d), f"triton {cfg.name()}", run, 4.0 * n * sh.hq * sh.d * ctx,
                       2.0 * n * ctx * sh.hkv * 2 * sh.d, b.peaks[1], check, note="sweep")
-        del kc, vc
+        kc = vc = None  # free the cache (rebound: the timed lambdas close over these names)
     if "prefill" not in parts:
         return
     g, n = torch.Generator().manual_seed(1), sh.prefill["single"][0]

@@ -61,7 +61,11 @@ ConfigTable = tuple[tuple[int, KernelConfig], ...]
 # 0.94 / 0.98 / 1.00 / 1.01 at M = 65 / 80 / 96 / 128, before 0.94 / 0.96 / 0.98 / 0.98; at M = 96-128 the four
 # split shapes run 2-11% faster, at M = 65-80 DeepSeek-V3 o 4-7% slower (the others 1% slower to 11% faster).
 # At M = 33-64 splitting tied or lost; at M = 256 it lost on 2 of the 3 shapes it would split.
-SMALL_M = SkinnyConfig(block_n=64, waves=2, num_warps=4, num_stages=4)
+# Eighteenth pass: no split-K where K <= 2048 (``unsplit_kb``): the last-arriver reduction costs about 2 us a call
+# (0.5 us each for the partial's store, the counter, the reload), more than splitting a K of <= 16 blocks saves.
+# Same-run A/B, three alternating repetitions: DeepSeek-V3 expert down (7168, 2048) 1.10-1.20x and Qwen3-235B expert
+# down (4096, 1536) 1.10-1.16x at M = 1-24; q_b and kv_b were not split before; the others keep their splits.
+SMALL_M = SkinnyConfig(block_n=64, waves=2, num_warps=4, num_stages=4, unsplit_kb=16)
 FP8_BLOCK_CONFIGS: ConfigTable = (
     (32, SMALL_M),
     (64, WgmmaConfig(stages=5, unroll=4)),

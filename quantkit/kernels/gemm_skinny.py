@@ -51,6 +51,7 @@ class SkinnyConfig:
     split_k: int = 0
     waves: int = 4
     min_kb: int = 2  # K-blocks (of 128) per split at least
+    unsplit_kb: int = 0  # auto split-K: K of at most this many 128-blocks is not split (0: no such rule)
     dot: bool = True
     upcast: bool = False  # power-of-two scales only (MX, 128x128 pow2): operands times their scales in bf16 (exact), one dot per 128 columns
     chunk: int = 128
@@ -61,6 +62,7 @@ class SkinnyConfig:
     def name(self) -> str:
         core = ("tc+up" if self.upcast else "tc") if self.dot else "cc"  # tensor-core dot (bf16 on upcast operands) / CUDA-core reduction
         split = f"s{self.split_k}" if self.split_k else f"waves{self.waves}" + (f"kb{self.min_kb}" if self.min_kb != 2 else "")
+        split += f"/whole{self.unsplit_kb}" if self.unsplit_kb and not self.split_k else ""
         dg = "" if self.diag else "/nodiag"
         return f"skinny {self.block_n}x{self.block_m or 'M'}/{core}/{split}/c{self.chunk}{dg}/w{self.num_warps}/st{self.num_stages}"
 
@@ -298,10 +300,13 @@ def block_m_for(m: int, cfg: SkinnyConfig, diag_groups: int = 1) -> int:
 def skinny_split(cfg: SkinnyConfig, tiles: int, k: int, block_m: int, sms: int) -> tuple[int, int]:
     """(splits, K-blocks per split): ``waves`` programs per SM, >= ``min_kb`` K-blocks per split,
     and partial sums (splits x BLOCK_M x N float32, written and read) no larger than the weight
-    (N x K bytes)."""
+    (N x K bytes); no split at all where K is at most ``unsplit_kb`` blocks (the reduction's fixed
+    cost outweighs what splitting so short a K saves)."""
     n_kb = cdiv(k, BLOCK_K)
     if cfg.split_k:
         return split_plan(cfg.split_k, n_kb)
+    if n_kb <= cfg.unsplit_kb:
+        return 1, n_kb
     want = min(cdiv(cfg.waves * sms, tiles), max(1, k // (8 * block_m)), max(1, n_kb // cfg.min_kb))
     return split_plan(want, n_kb)
 

@@ -25,7 +25,7 @@ import torch
 from quantkit.formats import exact, fp8_block, mxfp8
 from quantkit.kernels import dispatch
 from quantkit.kernels.gemm_block_scaled import WORKSPACE, Config, Side, Workspace, auto_split, split_plan
-from quantkit.kernels.gemm_fp8_block import FP8_BLOCK_CONFIGS, pick_config
+from quantkit.kernels.gemm_fp8_block import FP8_BLOCK_CONFIGS, SMALL_M, pick_config
 from quantkit.kernels.gemm_mxfp8 import MXFP8_CONFIGS, W128_CONFIGS, by_shape_choice_mx, mx_to_bf16, requant_weight_128
 from quantkit.kernels.gemm_skinny import SkinnyConfig, block_m_for, scale_words_ok, skinny_split
 from quantkit.kernels.gemm_wgmma import WgmmaConfig
@@ -93,6 +93,7 @@ FP8_CASES = [
     (20, 136, 384, SkinnyConfig(block_m=16, split_k=3)),  # two token tiles, split-K
     (1, 150, 130, SkinnyConfig(dot=False, chunk=64)),  # CUDA-core reduction, M = 1
     (3, 72, 400, SkinnyConfig(block_n=32, block_m=2, dot=False, chunk=32, split_k=2)),
+    (1, 96, 640, SkinnyConfig(block_n=32, unsplit_kb=16)),  # K of 5 blocks left whole (the auto split would cut it in 2)
 ]
 
 
@@ -333,6 +334,11 @@ def test_config_tables_and_split_rules():
     assert skinny_split(cfg, tiles=45, k=512, block_m=64, sms=132) == (1, 4)
     # (2880, 2880) at M=1: 45 tiles -> 12 splits wanted, capped at 11 (2 K-blocks each) -> 8 x 3 blocks
     assert skinny_split(cfg, tiles=45, k=2880, block_m=16, sms=132) == (8, 3)
+    # the table's small-M config leaves K <= 2048 whole (DeepSeek-V3 / Qwen3-235B expert down) and splits longer K
+    assert SMALL_M.unsplit_kb == 16 and skinny_split(SMALL_M, tiles=112, k=2048, block_m=16, sms=132) == (1, 16)
+    assert skinny_split(replace(SMALL_M, unsplit_kb=0), tiles=112, k=2048, block_m=16, sms=132) == (3, 6)
+    assert skinny_split(SMALL_M, tiles=45, k=2880, block_m=16, sms=132) == (6, 4), "K = 2880 (23 blocks) is still split"
+    assert skinny_split(SkinnyConfig(unsplit_kb=16, split_k=3), tiles=112, k=2048, block_m=16, sms=132) == (3, 6), "an explicit split wins"
 
 
 # ---- GPU: compiled kernels on the served models' awkward shapes --------------------------------

@@ -164,8 +164,8 @@ def moe_check(torch, ref):
     a few: at most FLIP_SHARE of the outputs (and at least one) may exceed that bound, by at most FLIP_EXCESS times.
 
     Why the few: the intermediate is re-quantized to E4M3, and the tensor core sums each 128-column product with
-    about 14 bits, so a value close to the midpoint of two E4M3 codes may round to the other one (a step of 6-12% of
-    it) than the reference's float32 sum does.  One such step moves a token's whole output row through the down
+    about 14 bits, so a value close to the midpoint of two E4M3 codes may round to the neighbouring code where the
+    reference's float32 sum does not (a step of 6-12% of the value).  One such step moves a token's whole output row through the down
     projection; at 8192 tokens (94M intermediate values) a few outputs can land past the per-element bound (with
     weights drawn afresh each run, the element-only check failed in two of three GPT-OSS-120B runs at 8192 tokens,
     its worst output -0.281 against -0.332, relative L2 5.2e-3).  A layout, scale or routing bug moves most outputs,

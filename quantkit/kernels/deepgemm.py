@@ -41,12 +41,11 @@ from pathlib import Path
 import torch
 
 from . import dispatch
-from .dispatch import capability, sm_count
+from .dispatch import SM90_SMEM, capability, sm_count, wave_key
 from ..formats import fp8_block
 from .scaled_mm import mn_major_scales
 
 BLOCK = 128
-SM90_SMEM = 232448  # bytes of dynamic shared memory a block may use on sm_90
 NVCC_DEFAULT = Path("/usr/local/cuda/bin/nvcc")  # where nvcc is not on PATH
 
 
@@ -205,17 +204,7 @@ def best_config(m: int, n: int, k: int, num_sms: int, groups: int = 1, contiguou
     wave, then the smaller tile; the most stages that fit; a 2-block cluster (TMA multicast of A)
     from M = 1024 when N splits evenly.  Grouped contiguous always takes 128-row tiles."""
     block_m = 128 if contiguous or m > 64 else 64
-
-    def waves(bn: int) -> int:
-        return -(-(-(-m // block_m) * -(-n // bn) * groups) // num_sms)
-
-    def last_util(bn: int) -> int:
-        return (-(-m // block_m) * -(-n // bn) * groups) % num_sms or num_sms
-
-    best = 0
-    for bn in range(16, 129, 8):
-        if not best or waves(bn) < waves(best) or (waves(bn) == waves(best) and last_util(bn) > last_util(best)):
-            best = bn
+    best = min(range(16, 129, 8), key=lambda bn: (*wave_key(-(-m // block_m) * -(-n // bn) * groups, num_sms), bn))
     stages = next((s for s in ((8, 7, 6, 5, 4) if BLOCK % best == 0 else (6, 5, 4)) if smem_size(s, k, block_m, best) <= SM90_SMEM), 0)
     if not stages:
         raise ValueError(f"DeepGEMM: K={k} leaves no room for 4 stages of {block_m}x{best} tiles")

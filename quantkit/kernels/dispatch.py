@@ -159,6 +159,15 @@ def capability(device: torch.device) -> tuple[int, int]:
     return _capability(torch.cuda.current_device() if device.index is None else device.index)
 
 
+SM90_SMEM = 232448  # bytes of dynamic shared memory one block may use on sm_90
+
+
+def wave_key(tiles: int, sms: int) -> tuple[int, int]:
+    """How ``tiles`` equal programs fill ``sms`` SMs, smaller is better: (waves, minus the programs of the last
+    wave) -- DeepGEMM's tile rule, fewest waves then the fullest last one."""
+    return -(-tiles // sms), -(tiles % sms or sms)
+
+
 @functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count

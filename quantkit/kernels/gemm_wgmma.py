@@ -24,7 +24,7 @@ from types import ModuleType
 
 import torch
 
-from .dispatch import Availability, capability, sm_count
+from .dispatch import SM90_SMEM, Availability, capability, sm_count, wave_key
 from .gemm_block_scaled import BLOCK_K, INT32_LIMIT, WORKSPACE, Side, Workspace, check_side, tma_ok
 from .triton_numerics import cdiv, interpreted
 
@@ -60,29 +60,21 @@ class WgmmaConfig:
 BLOCK_NS = (128, 64, 32)
 
 
-SMEM_BYTES = 232448  # dynamic shared memory one program may use on sm_90
-
-
 def ring_stages(stages: int, bn: int, out_bytes: int) -> int:
     """``stages`` where the ring fits beside the two [64, bn] output staging tiles and the barriers,
     else the deepest ring that fits with 4 KiB to spare (5 / 8 / 10 stages at BN = 128 / 64 / 32,
     bf16 out): a picked BN keeps the row's depth only where it fits."""
     staging, per = 2 * (BLOCK_M // 2) * bn * out_bytes, (BLOCK_M + bn) * BLOCK_K
-    if staging + stages * per + 1024 <= SMEM_BYTES:
+    if staging + stages * per + 1024 <= SM90_SMEM:
         return stages
-    return (SMEM_BYTES - staging - 4096) // per
+    return (SM90_SMEM - staging - 4096) // per
 
 
 def pick_block_n(m: int, n: int, sms: int) -> int:
     """DeepGEMM's rule over :data:`BLOCK_NS`: the fewest waves of tiles over the SMs, then the fullest
     last wave, then the wider tile -- so few row blocks take narrow tiles that reach every SM
     (M = 64, N = 4096: 32 tiles of 128 columns, 128 of 32) and many keep 128."""
-
-    def key(bn: int) -> tuple[int, int, int]:
-        tiles = cdiv(m, BLOCK_M) * cdiv(n, bn)
-        return (cdiv(tiles, sms), -(tiles % sms or sms), -bn)
-
-    return min(BLOCK_NS, key=key)
+    return min(BLOCK_NS, key=lambda bn: (*wave_key(cdiv(m, BLOCK_M) * cdiv(n, bn), sms), -bn))
 
 
 MIN_SPLIT_BLOCKS = 28  # 128-deep K blocks per split at the least (thirteenth pass: shorter splits lost to one per tile)

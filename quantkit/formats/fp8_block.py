@@ -27,6 +27,8 @@ quantizer that writes it saves the GEMM a transposing launch; every kernel here 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import e8m0
@@ -124,29 +126,38 @@ def mn_rows(m: int) -> int:
     return -(-m // MN_ALIGN) * MN_ALIGN
 
 
+def _mn_view(base: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:
+    """[*lead, G] over an MN-major buffer [G, rows]: tokens row-major over the leading dims, one column each."""
+    strides, acc = [], 1
+    for d in reversed(lead):
+        strides.insert(0, acc)
+        acc *= d
+    return base.as_strided((*lead, base.shape[0]), (*strides, base.shape[1]))
+
+
 def empty_act_scales(lead: tuple[int, ...], groups: int, device: torch.device | str, scale_mn: bool = False) -> torch.Tensor:
     """F32 [*lead, groups] to be filled: contiguous, or MN-major over [groups, mn_rows(M)] whose padding
     columns the filler zeroes (:func:`mn_major_storage` gives the buffer back)."""
     if not scale_mn:
         return torch.empty((*lead, groups), dtype=torch.float32, device=device)
-    m = 1
-    for d in lead:
-        m *= d
-    base = torch.empty((groups, mn_rows(m)), dtype=torch.float32, device=device)
-    strides, acc = [], 1
-    for d in reversed(lead):  # tokens row-major over the leading dims, one column each
-        strides.insert(0, acc)
-        acc *= d
-    return base.as_strided((*lead, groups), (*strides, base.shape[1]))
+    return _mn_view(torch.empty((groups, mn_rows(math.prod(lead))), dtype=torch.float32, device=device), lead)
+
+
+def mn_major_copy(s2: torch.Tensor, rows: int) -> torch.Tensor:
+    """Scales [M, G] -> a new F32 [G, rows] buffer holding them MN-major (rows >= M; the columns past M zero):
+    one transposing copy.  Strides (rows, 1), even for M = 1."""
+    m, groups = s2.shape
+    alloc = torch.empty if rows == m else torch.zeros  # zeros only where there are padding columns
+    base = alloc((groups, rows), dtype=torch.float32, device=s2.device)
+    base[:, :m].copy_(s2.t())
+    return base
 
 
 def act_scales_mn(s: torch.Tensor) -> torch.Tensor:
     """Activation scales [..., G] (any layout) -> the same values MN-major (one copy; padding zero)."""
-    out = empty_act_scales(tuple(s.shape[:-1]), s.shape[-1], s.device, True)
-    base = mn_major_storage(out)
-    base.zero_()
-    out.copy_(s)
-    return out
+    lead = tuple(s.shape[:-1])
+    m = math.prod(lead)
+    return _mn_view(mn_major_copy(s.reshape(m, s.shape[-1]), mn_rows(m)), lead)
 
 
 def mn_major_storage(s: torch.Tensor) -> torch.Tensor | None:

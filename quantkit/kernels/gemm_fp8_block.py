@@ -197,8 +197,9 @@ def gemm_fp8_block_by_shape(a, a_scale, w, w_scale, bias=None, out_dtype=torch.b
         try:
             return deepgemm.gemm_fp8_block_deepgemm(a, a_scale, w, w_scale, bias, out_dtype)
         except deepgemm.BuildError as err:  # e.g. an nvcc that cannot target sm_90a: Triton from now on
-            deepgemm.disable(a.device, str(err).splitlines()[0])
-            warnings.warn(f"by-shape: DeepGEMM disabled on {a.device}, running Triton ({str(err).splitlines()[0]})", stacklevel=2)
+            why = str(err).splitlines()[0]
+            deepgemm.disable(a.device, why)
+            warnings.warn(f"by-shape: DeepGEMM disabled on {a.device}, running Triton ({why})", stacklevel=2)
     return gemm_fp8_block(a, a_scale, w, w_scale, bias, out_dtype)
 
 

@@ -127,11 +127,7 @@ def mn_major_scales(a_scale: torch.Tensor, rows: int) -> torch.Tensor:
     base = fp8_block.mn_major_storage(a_scale)
     if base is not None and base.shape[1] == rows:
         return base
-    m = a_scale.shape[0]
-    alloc = torch.empty if rows == m else torch.zeros  # zeros only where there are padding columns
-    sa = alloc((a_scale.shape[1], rows), dtype=torch.float32, device=a_scale.device)  # strides (rows, 1), even for M = 1
-    sa[:, :m].copy_(a_scale.t())  # one transposing copy
-    return sa
+    return fp8_block.mn_major_copy(a_scale, rows)
 
 
 def prepare_weight(w: torch.Tensor, w_scale: torch.Tensor) -> CublasWeight:

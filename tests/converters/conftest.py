@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -8,10 +9,12 @@ import torch
 from .support import Synth
 
 
-@pytest.fixture(scope="session")
-def synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
-    """``synth(family, preset="tiny", layout="root", scale_fmt="float")`` -> a checkpoint made once per session."""
-    return Synth(tmp_path_factory.mktemp("synth"))
+@pytest.fixture(scope="package")
+def synth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synth]:
+    """``synth(family, preset="tiny", layout="root", scale_fmt="float")`` -> a checkpoint made once, removed when the converter tests end."""
+    made = Synth(tmp_path_factory.mktemp("synth"))
+    yield made
+    shutil.rmtree(made.root, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Shared pieces of the converter tests: synthetic sources (made once per session), conversions,
+"""Shared pieces of the converter tests: synthetic sources (made once per test package), conversions,
 and surgery on checkpoints to make bad inputs."""
 
 from __future__ import annotations

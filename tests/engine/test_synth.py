@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,9 @@ FAMILIES = ["gpt-oss", "deepseek-v3", "qwen3", "qwen3-moe"]
 IDS = torch.randint(0, 1900, (12,), generator=torch.Generator().manual_seed(0))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory):
-    """made(family, preset) / made(family, preset, to=FORMAT): synth (and convert) once per session."""
+    """made(family, preset) / made(family, preset, to=FORMAT): synth (and convert) once per module, removed after it."""
     from quantkit.converters import ConvertOptions, convert
     from quantkit.synth import synthesize
 
@@ -46,7 +47,8 @@ def made(tmp_path_factory: pytest.TempPathFactory):
             done[key] = src if to is None else root / f"{family}-{preset}-{to}"
         return done[key]
 
-    return get
+    yield get
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _dequantize_kw(family: str) -> dict:

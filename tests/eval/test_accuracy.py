@@ -45,7 +45,8 @@ def noised(src: Path, dst: Path, rel: float, seed: int = 0) -> Path:
 def ckpts(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("eval")
     src = synth("qwen3", d / "qwen3")
-    return {"src": src, "noisy": noised(src, d / "noisy", 0.05), "noisier": noised(src, d / "noisier", 0.3, seed=1)}
+    yield {"src": src, "noisy": noised(src, d / "noisy", 0.05), "noisier": noised(src, d / "noisier", 0.3, seed=1)}
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_engine_on_source_matches_transformers_and_layers_align(ckpts):

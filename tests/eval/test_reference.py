@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 
 import pytest
@@ -26,7 +27,8 @@ def gpt_oss_original(tmp_path_factory):
     src, bf16 = d / "orig", d / "bf16"
     cli("synth", "gpt-oss", str(src), "--preset", "tiny", "--layout", "original")
     cli("convert", str(src), str(bf16), "--to", "bf16")  # root layout, MXFP4 experts decoded exactly
-    return src, bf16
+    yield src, bf16
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_impl_engine_reference(tmp_path):

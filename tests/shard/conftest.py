@@ -1,10 +1,12 @@
 """Synthetic sources for the shard tests: ``quantkit synth`` tiny presets and their ``quantkit convert`` outputs.
 
-Built once per pytest run (converting the tiny GPT-OSS takes a few seconds); sources are
+Built once for the shard tests and removed after them (converting the tiny GPT-OSS takes a few seconds); sources are
 written in several safetensors files so sharding reads across files.
 """
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 
@@ -15,7 +17,7 @@ TARGETS = ("fp8-block", "mxfp8", "bf16")
 FORMATS = ("source", *TARGETS)  # "source": what the family ships (MXFP4 / FP8-block / BF16)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def synth_ckpt(tmp_path_factory):
     """(family, fmt, preset) -> Checkpoint of the synthetic tiny model, converted to ``fmt`` when not "source"."""
     from quantkit.converters import ConvertOptions, convert
@@ -37,4 +39,5 @@ def synth_ckpt(tmp_path_factory):
             cache[key] = Checkpoint(path)
         return cache[key]
 
-    return get
+    yield get
+    shutil.rmtree(root, ignore_errors=True)

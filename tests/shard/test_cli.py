@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -14,7 +15,9 @@ from .tiny import build as build_tiny
 
 @pytest.fixture(scope="module")
 def src(tmp_path_factory):
-    return build_tiny("qwen3-moe", "source", tmp_path_factory.mktemp("cli") / "src")
+    root = tmp_path_factory.mktemp("cli")
+    yield build_tiny("qwen3-moe", "source", root / "src")
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def run(*args: str):
@@ -64,8 +67,6 @@ def test_existing_dst(src, tmp_path):
 
 
 def test_unsupported_architecture(tmp_path, src):
-    import shutil
-
     bad = tmp_path / "bad"
     shutil.copytree(src, bad)
     cfg = json.loads((bad / "config.json").read_text())

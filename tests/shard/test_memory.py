@@ -12,8 +12,8 @@ import torch
 from quantkit.checkpoint import CheckpointWriter, TensorSpec, plan_shards
 
 MB = 1 << 20
-ROWS, COLS = 8192, 1024  # one MLP weight: 8192 x 1024 BF16 = 16 MiB
-LAYERS = 4  # 12 such weights: 192 MiB of model
+ROWS, COLS = 4096, 1024  # one MLP weight: 4096 x 1024 BF16 = 8 MiB
+LAYERS = 4  # 12 such weights: 96 MiB of model
 
 
 def _write_model(dst) -> int:
@@ -24,7 +24,7 @@ def _write_model(dst) -> int:
                   TensorSpec(f"{p}.mlp.up_proj.weight", torch.bfloat16, (ROWS, COLS)),
                   TensorSpec(f"{p}.mlp.down_proj.weight", torch.bfloat16, (COLS, ROWS))]
     w = CheckpointWriter(dst)
-    plans = plan_shards(specs, 64 * MB)
+    plans = plan_shards(specs, 32 * MB)
     for p in plans:
         w.write(p, (torch.full(s.shape, i % 7, dtype=s.dtype) for i, s in enumerate(p.specs)))
     cfg = {"architectures": ["Qwen3ForCausalLM"], "num_attention_heads": 8, "num_key_value_heads": 8}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -35,7 +36,8 @@ def sources(tmp_path_factory):
             cache[(family, fmt)] = Checkpoint(build_tiny(family, fmt, root / f"{family}-{fmt}"))
         return cache[(family, fmt)]
 
-    return get
+    yield get
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -20,7 +20,8 @@ def made(tmp_path_factory):
     shard(ds, root / "ds-out", ep=2, tp=2)
     gpt = build_tiny("gpt-oss", "source", root / "gpt")
     shard(gpt, root / "gpt-out", ep=2)
-    return root
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
-"""Synthetic checkpoints shared by the synth tests: each is written once per test session."""
+"""Synthetic checkpoints shared by the synth tests: each is written once and removed when the synth tests end."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from quantkit.synth import synthesize
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def synth_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """synth_dir(family, preset="tiny", **options) -> path of a checkpoint synthesized with seed 0."""
     cache: dict[tuple, Path] = {}
@@ -24,4 +25,5 @@ def synth_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
             cache[key] = dst
         return cache[key]
 
-    return get
+    yield get
+    shutil.rmtree(root, ignore_errors=True)

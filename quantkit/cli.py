@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "convert": "quantkit.commands.convert:convert",
     "shard": "quantkit.commands.shard:shard",
     "eval": "quantkit.commands.eval:eval_group",
+    "serve": "quantkit.commands.serve:serve",
 }
 
 

@@ -1,0 +1,59 @@
+"""``quantkit serve CKPT``: an OpenAI-compatible HTTP server on the bundled engine."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command()
+@click.argument("ckpt", type=click.Path(exists=True, file_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 for every interface).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: any free one, printed at start).")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16", show_default=True,
+              help="Activation and KV cache dtype.")
+@click.option("--served-model-name", default=None, help="Model id of the API (default: CKPT's folder name).")
+@click.option("--max-model-len", type=click.IntRange(min=2), default=None,
+              help="Longest prompt + completion in tokens (default: the model's, at most 8192).")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True, help="Most requests in one batch.")
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=2048, show_default=True,
+              help="Most tokens in one batch (longer prompts are prefilled in chunks).")
+@click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True, help="Tokens per KV cache block.")
+@click.option("--kv-cache-gib", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="KV cache size (default: --gpu-memory-utilization of the GPU after the weights; 2 GiB on a CPU).")
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=0.9, show_default=True,
+              help="Share of the GPU's memory the weights and KV cache may use.")
+@click.option("--act-quant/--no-act-quant", default=True, show_default=True,
+              help="Quantize activations dynamically as the checkpoint's format asks (off: unquantized activations).")
+@click.option("--backend", type=click.Choice(["auto", "torch"]), default="auto", show_default=True,
+              help="Kernel backend: auto (fastest available) or torch (the reference ops).")
+def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model_name: str | None, max_model_len: int | None,
+          max_num_seqs: int, max_num_batched_tokens: int, block_size: int, kv_cache_gib: float | None, gpu_memory_utilization: float,
+          act_quant: bool, backend: str) -> None:
+    """Serve checkpoint CKPT (a source checkpoint or a `quantkit convert` output) over HTTP.
+
+    Endpoints: POST /v1/completions and /v1/chat/completions (streaming with "stream": true),
+    GET /v1/models, /health, /metrics.  Requests share the GPU through continuous batching over a
+    paged KV cache; prompts longer than --max-num-batched-tokens are prefilled in chunks."""
+    from ..checkpoint import CheckpointError
+    from ..engine.server import build
+    from .eval import _device
+
+    try:
+        server = build(ckpt, host=host, port=port, device=_device(device), dtype=dtype, model_name=served_model_name,
+                       max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                       block_size=block_size, kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization,
+                       act_quant=act_quant, backend=backend)
+    except (CheckpointError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    except OSError as e:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    eng = server.engine
+    click.echo(f"serving {server.model_name} on {server.url} (device {eng.model.device}, max_model_len {eng.max_model_len}, "
+               f"KV cache {eng.cache.num_blocks} blocks of {eng.cache.block_size} tokens)", err=True)
+    try:
+        server.serve()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()

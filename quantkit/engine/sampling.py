@@ -1,0 +1,103 @@
+"""Sampling parameters and the next-token sampler of the serving engine.
+
+The rules are the ones OpenAI-compatible servers (vLLM, SGLang) apply, in their order:
+``temperature == 0`` is greedy (argmax, the lowest id on a tie); otherwise the logits are divided
+by the temperature, cut to the ``top_k`` largest, then to the smallest set whose probability
+reaches ``top_p`` (the most likely token always stays), and one token is drawn.
+
+Each request draws from its own ``torch.Generator`` on the CPU, seeded with the request's
+``seed`` (or a fresh random seed): the same seed gives the same tokens whatever other requests
+share its batches.  Log-probabilities are those of the model's raw distribution (before
+temperature and truncation), as vLLM reports them by default.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+MAX_LOGPROBS = 20  # the OpenAI API's limit on top logprobs per token
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no cut
+    seed: int | None = None
+    stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one found
+    stop_token_ids: tuple[int, ...] = ()  # besides the model's end-of-sequence ids
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; k: the sampled token's logprob and the top k
+    prompt_logprobs: int | None = None  # the same for the prompt tokens (echo)
+    include_stop_str: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {self.max_tokens}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and not 0 <= k <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {k}")
+        if any(not s for s in self.stop):
+            raise ValueError("a stop string must not be empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+@dataclass
+class TokenLogprobs:
+    """One position: the chosen token's logprob and the ``k`` most likely (id, logprob), best first."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+def new_generator(seed: int | None) -> torch.Generator:
+    return torch.Generator().manual_seed(seed if seed is not None else random.SystemRandom().randrange(2**63))
+
+
+def _truncate(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Logits [V] with everything outside top-k / top-p set to -inf."""
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1:
+        probs, order = torch.sort(torch.softmax(logits, -1), descending=True)
+        before = torch.cumsum(probs, -1) - probs  # mass of the strictly more likely tokens
+        drop = order[before >= top_p]
+        logits = logits.index_fill(0, drop, float("-inf"))
+    return logits
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> int:
+    """One token id from float32 logits [V] (on the CPU)."""
+    if params.greedy:
+        return int(torch.argmax(logits))
+    x = _truncate(logits / params.temperature, params.top_k, params.top_p)
+    probs = torch.softmax(x, -1)
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def logprobs_at(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> list[TokenLogprobs]:
+    """Rows of logits [N, V] and the token each row is scored on [N]: its logprob and the top ``k``."""
+    lp = torch.log_softmax(logits.float(), -1)
+    chosen = lp.gather(1, tokens.view(-1, 1)).view(-1).tolist()
+    if k > 0:
+        vals, ids = torch.topk(lp, k, -1)
+        tops = [list(zip(i, v)) for i, v in zip(ids.tolist(), vals.tolist())]
+    else:
+        tops = [[] for _ in chosen]
+    return [TokenLogprobs(int(t), c, top) for t, c, top in zip(tokens.tolist(), chosen, tops)]

@@ -1,0 +1,265 @@
+"""Continuous batching over the paged KV cache: the serving engine's loop.
+
+Each :meth:`LLMEngine.step` builds one flat-token batch, as vLLM's v1 scheduler does:
+
+1. every running request gets its next token decoded, or the next chunk of a prefill that did not
+   fit one step (chunked prefill), in admission order, within ``max_num_batched_tokens``;
+2. then waiting requests are admitted, first come first served, while the token budget,
+   ``max_num_seqs`` and the free KV blocks allow; a long prompt is prefilled in chunks.
+
+When a running request needs a KV block and none is free, the most recently admitted request is
+preempted: its blocks are released and it goes back to the front of the queue, to be recomputed
+from its prompt and the tokens it already produced (vLLM's recompute preemption).
+
+Only the rows that are sampled (each request's last computed token) and, for requests that asked for
+prompt logprobs (``echo``), its prompt rows go through the LM head.  Sampling and logprobs are
+in :mod:`.sampling`; text, stop strings and streaming deltas in :mod:`.text`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from .model import CausalLM
+from .sampling import SamplingParams, TokenLogprobs, logprobs_at, new_generator, sample
+from .text import Detokenizer
+
+
+class RequestError(ValueError):
+    """A request the engine cannot run (too long for the model or the cache): the client's error."""
+
+
+@dataclass(eq=False)
+class Request:
+    id: str
+    prompt: list[int]
+    params: SamplingParams
+    detok: Detokenizer | None = None
+    arrival: float = field(default_factory=time.monotonic)
+    output: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)  # first entry None (no context)
+    computed: int = 0  # tokens of prompt + output whose keys are in the cache
+    finish_reason: str | None = None  # "stop", "length" or "abort"
+    stop_reason: int | str | None = None  # the stop token or string that ended it
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        self.gen = new_generator(self.params.seed)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def text(self) -> str:
+        return self.detok.text if self.detok is not None else ""
+
+
+@dataclass
+class EngineStats:
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    steps: int = 0
+    preemptions: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+    ttft_sum: float = 0.0
+    e2e_sum: float = 0.0
+
+
+class LLMEngine:
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int = 16, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int = 2048, max_model_len: int | None = None, eos_ids: tuple[int, ...] = ()) -> None:
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got {max_num_seqs}, {max_num_batched_tokens}")
+        self.model = model
+        self.cache = model.new_cache(num_blocks, block_size)
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        limit = int(model.config.get("max_position_embeddings", num_blocks * block_size))
+        self.max_model_len = min(max_model_len or limit, limit, num_blocks * block_size)
+        self.eos_ids = tuple(eos_ids)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.stats = EngineStats()
+        self._ids = itertools.count()
+
+    # --- requests -------------------------------------------------------------------------------
+    def check_request(self, prompt: list[int], params: SamplingParams) -> None:
+        """Raise RequestError when the engine cannot run this prompt with these params."""
+        if not prompt:
+            raise RequestError("the prompt is empty: it needs at least one token")
+        vocab = self.model.embed_tokens.shape[0]
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        if len(prompt) + params.max_tokens > self.max_model_len:
+            raise RequestError(f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) is more than "
+                               f"the maximum context length of {self.max_model_len} tokens")
+
+    def add_request(self, prompt: list[int], params: SamplingParams, request_id: str | None = None,
+                    detok: Detokenizer | None = None) -> Request:
+        self.check_request(prompt, params)
+        r = Request(request_id or f"req-{next(self._ids)}", list(prompt), params, detok)
+        self.waiting.append(r)
+        return r
+
+    def abort(self, r: Request) -> None:
+        if r.finished:
+            return
+        if r in self.waiting:
+            self.waiting.remove(r)
+        self._finish(r, "abort")
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def kv_usage(self) -> float:
+        return 1 - len(self.cache.free_blocks) / self.cache.num_blocks
+
+    # --- scheduling ----------------------------------------------------------------------------
+    def _blocks_needed(self, r: Request, n: int) -> int:
+        have = len(self.cache.tables.get(r.id, ()))
+        return max(0, -(-(r.computed + n) // self.cache.block_size) - have)
+
+    def _preempt(self, r: Request) -> None:
+        self.running.remove(r)
+        if r.id in self.cache.tables:
+            self.cache.release(r.id)
+        r.computed = 0
+        r.preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(r)
+
+    def _schedule(self) -> dict[Request, int]:
+        budget, plan, reserved = self.max_num_batched_tokens, {}, 0  # reserved: blocks this step's earlier entries take
+
+        def fits(r: Request, n: int) -> bool:
+            return self._blocks_needed(r, n) <= len(self.cache.free_blocks) - reserved
+
+        for r in list(self.running):
+            if r not in self.running:  # preempted below for an earlier request
+                continue
+            n = min(len(r.tokens) - r.computed, budget)
+            if n < 1:
+                break
+            while not fits(r, n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is r:
+                    break
+            if r in self.running:
+                plan[r], budget, reserved = n, budget - n, reserved + self._blocks_needed(r, n)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            r = self.waiting[0]
+            n = min(len(r.tokens) - r.computed, budget)
+            if not fits(r, n):
+                if not self.running and not plan:
+                    raise RuntimeError(f"request {r.id}: {n} tokens do not fit an empty KV cache of {self.cache.num_blocks} blocks")
+                break
+            self.waiting.popleft()
+            self.running.append(r)
+            plan[r], budget, reserved = n, budget - n, reserved + self._blocks_needed(r, n)
+        return plan
+
+    # --- one step --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> list[Request]:
+        """Run one batch; the requests that advanced (new tokens, prompt logprobs, or finished)."""
+        plan = self._schedule()
+        if not plan:
+            return []
+        batch = self.cache.schedule({r.id: n for r, n in plan.items()})
+        ids, rows, wants = [], [], []  # wants: (request, rows of its logits, first position, sample?)
+        row = 0
+        for r, n in plan.items():
+            start = r.computed
+            ids.append(torch.tensor(r.tokens[start:start + n], dtype=torch.int64))
+            sample_now = start + n == len(r.tokens)
+            lp_rows = []
+            if r.params.prompt_logprobs is not None and len(r.prompt_logprobs) < len(r.prompt):
+                # rows whose next token is a prompt token not scored yet
+                lp_rows = [p for p in range(start, start + n) if len(r.prompt_logprobs) <= p + 1 < len(r.prompt)]
+            mine = [row + p - start for p in lp_rows]
+            if sample_now:
+                mine.append(row + n - 1)
+            wants.append((r, len(rows), lp_rows, sample_now))
+            rows += mine
+            row += n
+        tokens = torch.cat(ids).to(self.model.device)
+        if rows:
+            logits = self.model(tokens, batch.positions, self.cache, batch, rows=rows).cpu()
+        else:  # prefill chunks only: their keys and values go to the cache, no logits are needed
+            self.model.hidden(tokens, batch.positions, self.cache, batch)
+        now = time.monotonic()
+        self.stats.steps += 1
+        done = []
+        for r, at, lp_rows, sample_now in wants:
+            before, r.computed = r.computed, r.computed + plan[r]
+            if not r.preemptions:  # a recomputation is not new prompt
+                self.stats.prompt_tokens += min(r.computed, len(r.prompt)) - min(before, len(r.prompt))
+            if lp_rows:
+                self._prompt_logprobs(r, logits[at:at + len(lp_rows)], lp_rows)
+            if sample_now:
+                self._sample(r, logits[at + len(lp_rows)], now)
+            done.append(r)
+        return done
+
+    def _prompt_logprobs(self, r: Request, logits: torch.Tensor, positions: list[int]) -> None:
+        if not r.prompt_logprobs:
+            r.prompt_logprobs.append(None)
+        nxt = torch.tensor([r.prompt[p + 1] for p in positions])
+        r.prompt_logprobs += logprobs_at(logits, nxt, r.params.prompt_logprobs)
+
+    def _sample(self, r: Request, logits: torch.Tensor, now: float) -> None:
+        p = r.params
+        if p.prompt_logprobs is not None and not r.prompt_logprobs:
+            r.prompt_logprobs.append(None)  # a one-token prompt
+        if len(r.output) >= p.max_tokens:  # max_tokens 0: the prompt's logprobs only
+            return self._finish(r, "length")
+        t = sample(logits, p, r.gen)
+        r.output.append(t)
+        self.stats.generation_tokens += 1
+        if r.first_token_time is None:
+            r.first_token_time = now
+        if p.logprobs is not None:
+            r.logprobs += logprobs_at(logits.view(1, -1), torch.tensor([t]), p.logprobs)
+        hit = r.detok.add(t) if r.detok is not None else None
+        if hit is not None:
+            r.stop_reason = hit
+            return self._finish(r, "stop")
+        if (not p.ignore_eos and t in self.eos_ids) or t in p.stop_token_ids:
+            r.stop_reason = t if t in p.stop_token_ids else None
+            return self._finish(r, "stop")
+        if len(r.output) >= p.max_tokens or len(r.tokens) >= self.max_model_len:
+            return self._finish(r, "length")
+
+    def _finish(self, r: Request, reason: str) -> None:
+        r.finish_reason, r.finish_time = reason, time.monotonic()
+        if r in self.running:
+            self.running.remove(r)
+        if r.id in self.cache.tables:
+            self.cache.release(r.id)
+        if r.detok is not None:
+            r.detok.finish()
+        s = self.stats
+        s.finished[reason] = s.finished.get(reason, 0) + 1
+        s.e2e_sum += r.finish_time - r.arrival
+        if r.first_token_time is not None:
+            s.ttft_sum += r.first_token_time - r.arrival
+
+    def run_all(self) -> None:
+        """Step until every request has finished (offline use and tests)."""
+        while self.has_work():
+            self.step()

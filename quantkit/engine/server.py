@@ -1,0 +1,358 @@
+"""``quantkit serve``: an OpenAI-compatible HTTP server over :class:`.scheduler.LLMEngine`.
+
+One engine thread owns the model and the KV cache and steps the continuous batch; HTTP handler
+threads (the standard library's threading server) parse requests, hand them to the engine thread
+and stream back what it produces.  Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``
+(each with ``"stream": true`` as server-sent events), ``GET /v1/models``, ``GET /health``,
+``GET /metrics`` (Prometheus text).  A client that disconnects mid-stream has its requests aborted.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import torch
+
+from . import protocol as proto
+from .sampling import SamplingParams, TokenLogprobs
+from .scheduler import LLMEngine, Request, RequestError
+from .text import ModelText, split_harmony
+
+MAX_BODY = 64 << 20
+
+
+@dataclass
+class Delta:
+    """What one request produced since the last delta."""
+
+    index: int
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    request: Request | None = None  # set on the last delta: the finished request (prompt logprobs, usage)
+
+
+class EngineLoop(threading.Thread):
+    """The engine thread: takes submissions, steps while there is work, posts deltas to each caller."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        super().__init__(name="quantkit-engine", daemon=True)
+        self.engine = engine
+        self.inbox: queue.Queue = queue.Queue()
+        self.sinks: dict[Request, tuple[int, queue.Queue, list[int]]] = {}  # request -> (index, out queue, [tokens sent])
+        self.stopping = False
+        self.lock = threading.Lock()  # guards the stats /metrics reads
+
+    def submit(self, items: list[tuple[int, list[int], SamplingParams, object]], out: queue.Queue) -> list[Request]:
+        """Add requests (index, prompt ids, params, detokenizer); their deltas go to ``out``.  Raises
+        RequestError before anything is queued when one of them cannot run."""
+        done = threading.Event()
+        box: dict = {}
+        self.inbox.put(("add", items, out, done, box))
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["requests"]
+
+    def abort(self, requests: list[Request]) -> None:
+        self.inbox.put(("abort", requests))
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.inbox.put(("stop",))
+
+    def _take(self, msg: tuple) -> None:
+        if msg[0] == "add":
+            _, items, out, done, box = msg
+            try:
+                for _, prompt, params, _ in items:  # check all before queuing any
+                    self.engine.check_request(prompt, params)
+                reqs = [self.engine.add_request(p, params, f"{uuid.uuid4().hex}-{i}", detok) for i, p, params, detok in items]
+                for (i, *_), r in zip(items, reqs):
+                    self.sinks[r] = (i, out, [0])
+                box["requests"] = reqs
+            except RequestError as e:
+                box["error"] = e
+            done.set()
+        elif msg[0] == "abort":
+            for r in msg[1]:
+                with self.lock:
+                    self.engine.abort(r)
+                self.sinks.pop(r, None)
+
+    def run(self) -> None:
+        while not self.stopping:
+            try:  # block while idle; while there is work, only take what is already there
+                msg = self.inbox.get() if not self.engine.has_work() else self.inbox.get_nowait()
+            except queue.Empty:
+                msg = None
+            while msg is not None:
+                if msg[0] == "stop":
+                    return
+                self._take(msg)
+                try:
+                    msg = self.inbox.get_nowait()
+                except queue.Empty:
+                    msg = None
+            if not self.engine.has_work():
+                continue
+            try:
+                with self.lock:
+                    advanced = self.engine.step()
+            except Exception as e:  # a failed step fails its requests, the server stays up
+                traceback.print_exc(file=sys.stderr)
+                self._fail_all(e)
+                continue
+            for r in advanced:
+                self._post(r)
+
+    def _post(self, r: Request) -> None:
+        sink = self.sinks.get(r)
+        if sink is None:
+            return
+        index, out, sent = sink
+        d = Delta(index, r.detok.delta() if r.detok is not None else "", r.output[sent[0]:], r.logprobs[sent[0]:])
+        sent[0] = len(r.output)
+        if r.finished:
+            d.finish_reason, d.stop_reason, d.request = r.finish_reason, r.stop_reason, r
+            d.text += r.detok.delta() if r.detok is not None else ""
+            del self.sinks[r]
+        if d.text or d.tokens or d.finish_reason:
+            out.put(d)
+
+    def _fail_all(self, e: Exception) -> None:
+        for r in list(self.sinks):
+            self.engine.abort(r)
+            _, out, _ = self.sinks.pop(r)
+            out.put(e)
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], engine: LLMEngine, text: ModelText, model_name: str) -> None:
+        super().__init__(address, Handler)
+        self.engine, self.text, self.model_name = engine, text, model_name
+        self.loop = EngineLoop(engine)
+        self.started = int(time.time())
+
+    def serve(self) -> None:
+        self.loop.start()
+        try:
+            self.serve_forever(poll_interval=0.1)
+        finally:
+            self.loop.stop()
+            self.loop.join(timeout=30)
+
+    def start_background(self) -> threading.Thread:
+        """Serve from a background thread (tests, notebooks); ``shutdown()`` stops it."""
+        t = threading.Thread(target=self.serve, name="quantkit-http", daemon=True)
+        t.start()
+        return t
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt: str, *args) -> None:  # one line per request on stderr, as uvicorn's access log
+        sys.stderr.write(f"{self.address_string()} - {fmt % args}\n")
+
+    # --- plumbing --------------------------------------------------------------------------------
+    def _send(self, status: int, body: dict | str, ctype: str = "application/json") -> None:
+        data = (json.dumps(body) if isinstance(body, dict) else body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, e: proto.ProtocolError) -> None:
+        self._send(e.status, e.body())
+
+    def _body(self) -> dict:
+        n = int(self.headers.get("Content-Length") or 0)
+        if n > MAX_BODY:
+            raise proto.ProtocolError(f"request body of {n} bytes is larger than {MAX_BODY}")
+        try:
+            body = json.loads(self.rfile.read(n) or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise proto.ProtocolError(f"the request body is not valid JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise proto.ProtocolError("the request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.server.model_name:
+            raise proto.ProtocolError(f"The model `{model}` does not exist (this server has `{self.server.model_name}`).", 404, "model")
+        return body
+
+    def do_GET(self) -> None:
+        s = self.server
+        if self.path == "/health":
+            return self._send(200 if s.loop.is_alive() else 503, "", "text/plain")
+        if self.path == "/v1/models":
+            card = {"id": s.model_name, "object": "model", "created": s.started, "owned_by": "quantkit",
+                    "root": str(s.text.root), "max_model_len": s.engine.max_model_len}
+            return self._send(200, {"object": "list", "data": [card]})
+        if self.path == "/metrics":
+            from .metrics import render
+
+            with s.loop.lock:
+                text = render(s.engine, s.model_name)
+            return self._send(200, text, "text/plain; version=0.0.4")
+        self._error(proto.ProtocolError(f"no route GET {self.path}", 404))
+
+    def do_POST(self) -> None:
+        routes = {"/v1/completions": self._completions, "/v1/chat/completions": self._chat}
+        if self.path not in routes:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            return self._error(proto.ProtocolError(f"no route POST {self.path}", 404))
+        try:
+            routes[self.path](self._body())
+        except proto.ProtocolError as e:
+            self._error(e)
+        except (RequestError, ValueError) as e:
+            self._error(proto.ProtocolError(str(e)))
+
+    # --- requests --------------------------------------------------------------------------------
+    def _run(self, prompts: list[list[int]], params: SamplingParams, n: int, bounded: bool, detok) -> tuple[list, queue.Queue]:
+        eng, items = self.server.engine, []
+        for pi, ids in enumerate(prompts):
+            p = proto.fit_max_tokens(params, bounded, len(ids), eng.max_model_len)
+            for j in range(n):
+                seed = None if p.seed is None else p.seed + j
+                pj = p if seed == p.seed else replace(p, seed=seed)
+                items.append((pi * n + j, ids, pj, detok(pj)))
+        out: queue.Queue = queue.Queue()
+        return self.server.loop.submit(items, out), out
+
+    def _deltas(self, reqs: list[Request], out: queue.Queue):
+        left = len(reqs)
+        while left:
+            d = out.get()
+            if isinstance(d, Exception):
+                raise RuntimeError(f"the engine failed on this batch: {d}")
+            left -= d.finish_reason is not None
+            yield d
+
+    def _stream(self, reqs: list[Request], chunks) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        try:
+            for c in chunks:
+                self.wfile.write(f"data: {json.dumps(c)}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            self.server.loop.abort([r for r in reqs if not r.finished])
+        except RuntimeError as e:
+            err = proto.ProtocolError(str(e), 500).body()
+            self.wfile.write(f"data: {json.dumps(err)}\n\n".encode())
+
+    def _completions(self, body: dict) -> None:
+        from .openai_io import completion_chunks, completion_response
+
+        s = self.server
+        params, n, bounded = proto.sampling(body, chat=False)
+        raw = proto.prompts(body)
+        ids = [s.text.encode(p) if isinstance(p, str) else list(p) for p in raw]
+        skip = bool(body.get("skip_special_tokens", True))
+        reqs, out = self._run(ids, params, n, bounded, lambda p: s.text.detokenizer(p.stop, p.include_stop_str, skip))
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        echo = bool(body.get("echo", False))
+        if body.get("stream"):
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return self._stream(reqs, completion_chunks(self, rid, created, reqs, self._deltas(reqs, out), echo, usage))
+        try:
+            deltas = list(self._deltas(reqs, out))
+        except RuntimeError as e:
+            return self._error(proto.ProtocolError(str(e), 500))
+        self._send(200, completion_response(self, rid, created, reqs, deltas, echo))
+
+    def _chat(self, body: dict) -> None:
+        from .openai_io import chat_chunks, chat_response
+
+        s = self.server
+        params, n, bounded = proto.sampling(body, chat=True)
+        kw = body.get("chat_template_kwargs") or {}
+        if not isinstance(kw, dict):
+            raise proto.ProtocolError("'chat_template_kwargs' must be an object", param="chat_template_kwargs")
+        ids = s.text.encode_chat(proto.messages(body), add_generation_prompt=True, **kw)
+        harmony = s.text.harmony  # GPT-OSS: keep the channel markers to split reasoning from the answer
+        reqs, out = self._run([ids], params, n, bounded, lambda p: s.text.detokenizer(p.stop, p.include_stop_str, not harmony))
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if body.get("stream"):
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return self._stream(reqs, chat_chunks(self, rid, created, reqs, self._deltas(reqs, out), harmony, usage))
+        try:
+            deltas = list(self._deltas(reqs, out))
+        except RuntimeError as e:
+            return self._error(proto.ProtocolError(str(e), 500))
+        self._send(200, chat_response(self, rid, created, reqs, deltas, harmony))
+
+
+def split_reply(text: str, harmony: bool) -> tuple[str | None, str]:
+    """(reasoning or None, content) of a chat reply."""
+    if not harmony:
+        return None, text
+    reasoning, content = split_harmony(text)
+    return reasoning or None, content
+
+
+def kv_blocks(model, block_size: int, memory_bytes: int, max_tokens: int) -> int:
+    """KV cache blocks that fit ``memory_bytes``, at most what ``max_tokens`` cached tokens need."""
+    per_token = sum(int(torch.Size(shape).numel()) for spec in model.cache_specs() for shape in spec.values()) * model.dtype.itemsize
+    fit = memory_bytes // (per_token * block_size)
+    return int(max(1, min(fit, -(-max_tokens // block_size))))
+
+
+def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str = "cpu", dtype: str = "bfloat16",
+          model_name: str | None = None, max_model_len: int | None = None, max_num_seqs: int = 64,
+          max_num_batched_tokens: int = 2048, block_size: int = 16, kv_cache_gib: float | None = None,
+          gpu_memory_utilization: float = 0.9, act_quant: bool = True, backend: str = "auto") -> Server:
+    """Load the checkpoint and bind the server (not serving yet: ``serve()`` or ``start_background()``).
+
+    KV cache: ``kv_cache_gib`` when given; otherwise on CUDA what ``gpu_memory_utilization`` of the
+    device leaves after the weights, on a CPU 2 GiB; never more than ``max_num_seqs`` full contexts."""
+    from .loader import load
+
+    model = load(ckpt, device, getattr(torch, dtype), act_quant=act_quant, backend=backend)
+    limit = int(model.config.get("max_position_embeddings", 8192))
+    max_len = min(max_model_len or min(limit, 8192), limit)
+    if kv_cache_gib is not None:
+        budget = int(kv_cache_gib * (1 << 30))
+    elif model.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(model.device)
+        budget = int(free - (1 - gpu_memory_utilization) * total)
+    else:
+        budget = 2 << 30
+    if budget <= 0:
+        raise ValueError(f"no memory left for the KV cache (gpu_memory_utilization {gpu_memory_utilization})")
+    blocks = kv_blocks(model, block_size, budget, max_num_seqs * max_len)
+    if blocks * block_size < max_len:
+        raise ValueError(f"the KV cache holds {blocks * block_size} tokens, less than max_model_len {max_len}: "
+                         "give it more memory or lower --max-model-len")
+    text = ModelText(ckpt, model.config)
+    engine = LLMEngine(model, blocks, block_size, max_num_seqs, max_num_batched_tokens, max_len, text.eos_ids)
+    from pathlib import Path
+
+    return Server((host, port), engine, text, model_name or Path(ckpt).resolve().name)

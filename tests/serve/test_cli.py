@@ -1,0 +1,55 @@
+"""``quantkit serve`` as a command: starts, answers, stops on SIGINT; bad input is one clear error."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+
+from click.testing import CliRunner
+
+from quantkit.cli import main
+
+
+def test_serve_starts_answers_and_stops(ckpt):
+    p = subprocess.Popen([sys.executable, "-m", "quantkit", "serve", str(ckpt("qwen3")), "--port", "0", "--device", "cpu",
+                          "--max-model-len", "128", "--kv-cache-gib", "0.01", "--served-model-name", "tiny"],
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stderr.readline()
+        m = re.search(r"serving tiny on (http://\S+) ", line)
+        assert m, line
+        url = m.group(1)
+        req = urllib.request.Request(url + "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 2, "ignore_eos": True}).encode())
+        with urllib.request.urlopen(req, timeout=60) as r:
+            body = json.loads(r.read())
+        assert body["model"] == "tiny" and body["usage"]["completion_tokens"] == 2
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=30) == 0
+    finally:
+        p.kill()
+        p.stderr.close()
+
+
+def test_not_a_checkpoint(tmp_path):
+    r = CliRunner().invoke(main, ["serve", str(tmp_path), "--device", "cpu"])
+    assert r.exit_code == 1 and f"{tmp_path}: no *.safetensors files" in r.output
+
+
+def test_port_in_use(ckpt):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = CliRunner().invoke(main, ["serve", str(ckpt("qwen3")), "--device", "cpu", "--port", str(port), "--kv-cache-gib", "0.01"])
+    assert r.exit_code == 1 and f"cannot listen on 127.0.0.1:{port}" in r.output
+
+
+def test_cache_smaller_than_the_context_is_refused(ckpt):
+    r = CliRunner().invoke(main, ["serve", str(ckpt("qwen3")), "--device", "cpu", "--kv-cache-gib", "0.000001", "--port", "0"])
+    assert r.exit_code == 1 and "less than max_model_len" in r.output

@@ -36,7 +36,7 @@ class Detokenizer:
         self.text = ""
         self._prefix = self._read = 0
         self._sent = 0
-        self.final = False
+        self.final = self.stopped = False
 
     def add(self, token: int) -> str | None:
         """Append one token; the stop string it completed, if any (the text then ends before it)."""
@@ -56,9 +56,17 @@ class Detokenizer:
             return None
         i, s = min(found)
         self.text = self.text[: i + (len(s) if self.include_stop else 0)]
+        self.stopped = True
         return s
 
     def finish(self) -> None:
+        """The request ended: bytes still waiting for the rest of a character are decoded as they are
+        (U+FFFD), as decoding all the tokens at once gives them; not after a stop string."""
+        if not self.stopped and self._read < len(self.ids):
+            before = self.tok.decode(self.ids[self._prefix:self._read], skip_special_tokens=self.skip)
+            now = self.tok.decode(self.ids[self._prefix:], skip_special_tokens=self.skip)
+            self.text += now[len(before):]
+            self._prefix = self._read = len(self.ids)
         self.final = True
 
     def delta(self) -> str:

@@ -189,3 +189,46 @@ def test_models_health_metrics_and_routes(server):
     assert float(line.split()[-1]) == before + 3
     assert 'quantkit:request_success_total{model_name="' in text and "# TYPE quantkit:kv_cache_usage_perc gauge" in text
     assert call(s, "/v1/nothing")[0] == 404 and call(s, "/v1/nothing", {})[0] == 404
+
+
+def test_concurrent_clients_share_batches(server, model):
+    """Four clients at once: each gets its own greedy continuation, and the engine ran them together
+    (fewer batches than one after another)."""
+    import threading
+
+    s = server("qwen3")
+    prompts = [[11, 12, 13], [400, 401], [7, 8, 9, 10, 11, 12, 13, 14], [1500]]
+    want = [s.text.decode(recompute(model("qwen3"), p, 12)) for p in prompts]
+    got, steps = [None] * 4, s.engine.stats.steps
+    gate = threading.Barrier(4)
+
+    def client(i: int) -> None:
+        gate.wait()
+        got[i] = call(s, "/v1/completions", {"prompt": prompts[i], "max_tokens": 12, "temperature": 0, "ignore_eos": True})[1]
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [g["choices"][0]["text"] for g in got] == want
+    assert s.engine.stats.steps - steps < 4 * 12
+
+
+def test_a_client_that_disconnects_mid_stream_is_aborted(server):
+    import socket
+    import time
+
+    s = server("qwen3")
+    aborted = s.engine.stats.finished.get("abort", 0)
+    body = json.dumps({"prompt": "x", "max_tokens": 200, "ignore_eos": True, "stream": True}).encode()
+    with socket.create_connection(s.server_address[:2], timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        assert b"data: " in sock.recv(4096) + sock.recv(4096)
+    for _ in range(200):
+        if s.engine.stats.finished.get("abort", 0) > aborted:
+            break
+        time.sleep(0.05)
+    assert s.engine.stats.finished.get("abort", 0) == aborted + 1
+    assert not s.engine.running and len(s.engine.cache.free_blocks) == s.engine.cache.num_blocks

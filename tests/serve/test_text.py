@@ -123,3 +123,15 @@ def test_bad_sampling_params_are_refused():
                     ({"logprobs": 21}, "logprobs"), ({"max_tokens": -1}, "max_tokens"), ({"stop": ("",)}, "stop")]:
         with pytest.raises(ValueError, match=msg):
             SamplingParams(**kw)
+
+
+def test_a_cut_character_at_the_end_decodes_as_a_whole_decode_does(ckpt):
+    t = text_of(ckpt("qwen3"))
+    ids = t.encode("ab 😀")
+    cut = next(k for k in range(1, len(ids)) if t.tok.decode(ids[:k]).endswith("\ufffd"))
+    d = Detokenizer(t.tok)
+    for i in ids[:cut]:
+        d.add(i)
+    assert not d.text.endswith("\ufffd")  # held back while more bytes may come
+    d.finish()
+    assert d.text == t.tok.decode(ids[:cut]) and d.text.endswith("\ufffd")

@@ -1,0 +1,241 @@
+"""Serving throughput of the bundled engine: continuous batching offline and over HTTP.
+
+    python scripts/bench_serve.py --out /tmp/bs --family gpt-oss --preset gpt-oss-20b --layers 8 --to fp8-block
+    python scripts/bench_serve.py --out /tmp/bs --device cpu        # smoke run on the tiny preset
+
+Synthesizes the checkpoint (full-size shapes, random weights, ``--layers`` cuts the depth), converts
+it, loads it on the device, then for each concurrency C sends C requests of ``--prompt-len`` random
+tokens for ``--gen`` greedy tokens (end of sequence ignored) and measures, in the same run:
+
+* engine: :class:`LLMEngine` stepping the batch (prefill, then decode steps): output tokens/s, the
+  median decode step, time to first token;
+* raw: the model's forward on the same batch shape with the cache alone (no scheduler, no
+  sampling, no detokenization): the baseline the engine's per-step overhead is measured against;
+* roofline: the bytes a decode step must read from HBM (the dense weights, the experts the batch can
+  touch -- E(1 - (1 - k/E)^C) of them per layer -- and the KV cache) over the peak bandwidth;
+* http: the same requests from C client threads through ``quantkit serve``'s server.
+
+Prints a table and writes bench.log and results.jsonl under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--family", default="gpt-oss")
+    p.add_argument("--preset", default=None, help="default: gpt-oss-20b on cuda, tiny on cpu")
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--to", default="fp8-block", help="convert target, or 'source' to serve the checkpoint as synthesized")
+    p.add_argument("--concurrency", default=None, help="comma list (default 1,8,32,64 on cuda, 1,4 on cpu)")
+    p.add_argument("--prompt-len", type=int, default=None)
+    p.add_argument("--gen", type=int, default=None)
+    p.add_argument("--hbm-gbs", type=float, default=4800.0, help="peak HBM GB/s (H200: 4800)")
+    p.add_argument("--no-http", action="store_true")
+    a = p.parse_args()
+    cuda = a.device == "cuda"
+    a.preset = a.preset or ("gpt-oss-20b" if cuda else "tiny")
+    a.concurrency = [int(c) for c in (a.concurrency or ("1,8,32,64" if cuda else "1,4")).split(",")]
+    a.prompt_len = a.prompt_len or (512 if cuda else 24)
+    a.gen = a.gen or (128 if cuda else 6)
+    return a
+
+
+def prepare(a, log) -> Path:
+    from quantkit.converters import ConvertOptions, convert
+    from quantkit.synth import synthesize
+
+    src = a.out / f"{a.family}-{a.preset}-{a.layers or 'all'}"
+    if not (src / "config.json").exists():
+        t = time.perf_counter()
+        synthesize(a.family, src, preset=a.preset, layers=a.layers)
+        log(f"synthesized {src.name} in {time.perf_counter() - t:.1f} s")
+    if a.to == "source":
+        return src
+    dst = src.with_name(src.name + f"-{a.to}")
+    if not (dst / "config.json").exists():
+        t = time.perf_counter()
+        convert(src, dst, ConvertOptions(to=a.to, device=a.device, workers=1))
+        log(f"converted to {a.to} in {time.perf_counter() - t:.1f} s")
+    return dst
+
+
+def step_bytes(model, c: int, ctx: int) -> int:
+    """HBM bytes one decode step of c sequences at context ctx must read: weights it uses, and the KV cache."""
+    import torch
+
+    from quantkit.engine.layers.moe import MoE
+
+    total = 0
+    seen: set[int] = set()
+    for mod in model.modules():
+        if isinstance(mod, MoE):
+            e, k = mod.experts.num_experts, mod.router.routing.top_k
+            tensors = list(mod.experts.buffers()) + list(mod.experts.parameters())
+            used = e * (1 - (1 - k / e) ** c)
+            total += int(used * sum(t.numel() * t.element_size() for t in tensors) / e)
+            seen.update(id(t) for t in tensors)
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) in seen or t is model.embed_tokens:
+            continue
+        total += t.numel() * t.element_size()
+    total += model.embed_tokens.shape[1] * model.embed_tokens.element_size() * c  # the embedding rows read
+    per_token = sum(int(torch.Size(s).numel()) for spec in model.cache_specs() for s in spec.values()) * model.dtype.itemsize
+    return total + c * ctx * per_token
+
+
+def sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_engine(model, eos, c: int, a, rng):
+    from quantkit.engine.sampling import SamplingParams
+    from quantkit.engine.scheduler import LLMEngine
+
+    bs = 16
+    blocks = c * (-(-(a.prompt_len + a.gen) // bs)) + 8
+    eng = LLMEngine(model, blocks, bs, max_num_seqs=c, max_num_batched_tokens=max(8192, a.prompt_len), eos_ids=eos)
+    vocab = model.embed_tokens.shape[0]
+    prompts = [[rng.randrange(vocab) for _ in range(a.prompt_len)] for _ in range(c)]
+    params = SamplingParams(max_tokens=a.gen, temperature=0, ignore_eos=True)
+    reqs = [eng.add_request(p, params) for p in prompts]
+    sync(model.device)
+    t0 = time.perf_counter()
+    decode_steps = []
+    while eng.has_work():
+        s = time.perf_counter()
+        prefilling = any(r.computed < len(r.prompt) for r in eng.running) or bool(eng.waiting)
+        eng.step()
+        sync(model.device)
+        if not prefilling:
+            decode_steps.append(time.perf_counter() - s)
+    wall = time.perf_counter() - t0
+    ttft = statistics.median(r.first_token_time - r.arrival for r in reqs)
+    assert all(len(r.output) == a.gen for r in reqs)
+    return prompts, wall, statistics.median(decode_steps), ttft
+
+
+def raw_decode_step(model, c: int, ctx: int, reps: int = 20) -> float:
+    """The forward alone on a decode batch of c sequences at context ctx (no scheduler, sampling or text)."""
+    import torch
+
+    cache = model.new_cache(c * (-(-(ctx + reps + 2) // 16)) + 4, 16)
+    with torch.no_grad():
+        b = cache.schedule({i: ctx for i in range(c)})
+        ids = torch.randint(0, model.embed_tokens.shape[0], (c * ctx,), device=model.device)
+        model.hidden(ids, b.positions, cache, b)
+        times = []
+        tok = torch.zeros(c, dtype=torch.int64, device=model.device)
+        for _ in range(reps):
+            b = cache.schedule({i: 1 for i in range(c)})
+            sync(model.device)
+            s = time.perf_counter()
+            tok = model(tok, b.positions, cache, b, rows=b.last_token_rows()).argmax(-1)
+            sync(model.device)
+            times.append(time.perf_counter() - s)
+    return statistics.median(times[2:])
+
+
+def run_http(server, prompts, a) -> float:
+    out = []
+
+    def client(p) -> None:
+        body = json.dumps({"prompt": p, "max_tokens": a.gen, "temperature": 0, "ignore_eos": True}).encode()
+        with urllib.request.urlopen(urllib.request.Request(server.url + "/v1/completions", body), timeout=600) as r:
+            out.append(json.loads(r.read())["usage"]["completion_tokens"])
+
+    threads = [threading.Thread(target=client, args=(p,)) for p in prompts]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    assert out == [a.gen] * len(prompts), out
+    return wall
+
+
+def main() -> None:
+    a = parse()
+    a.out.mkdir(parents=True, exist_ok=True)
+    logf = open(a.out / "bench.log", "a")
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+        logf.write(msg + "\n")
+
+    import random
+
+    import torch
+
+    from quantkit.engine.server import Server
+    from quantkit.engine.text import ModelText
+    from quantkit.engine import load
+
+    ckpt = prepare(a, log)
+    device = torch.device(a.device)
+    t = time.perf_counter()
+    model = load(ckpt, device, torch.bfloat16)
+    sync(device)
+    log(f"loaded {ckpt.name} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'} in {time.perf_counter() - t:.1f} s; "
+        f"torch {torch.__version__}; backends {sorted(set(model.ops.ran.values())) if hasattr(model.ops, 'ran') else '?'}")
+    text = ModelText(ckpt, model.config)
+    rng = random.Random(0)
+    rows = []
+    for c in a.concurrency:
+        run_engine(model, text.eos_ids, c, argparse.Namespace(prompt_len=a.prompt_len, gen=4), rng)  # warm-up: compile, autotune
+        prompts, wall, step, ttft = run_engine(model, text.eos_ids, c, a, rng)
+        ctx = a.prompt_len + a.gen // 2
+        raw = raw_decode_step(model, c, ctx)
+        floor = step_bytes(model, c, ctx) / (a.hbm_gbs * 1e9)
+        row = {"concurrency": c, "prompt_len": a.prompt_len, "gen": a.gen, "engine_tok_s": c * a.gen / wall,
+               "decode_step_ms": step * 1e3, "raw_step_ms": raw * 1e3, "engine_over_raw": step / raw,
+               "hbm_floor_ms": floor * 1e3, "hbm_share": floor / step, "ttft_ms": ttft * 1e3}
+        if not a.no_http:
+            from quantkit.engine.scheduler import LLMEngine
+
+            blocks = c * (-(-(a.prompt_len + a.gen) // 16)) + 8
+            eng = LLMEngine(model, blocks, 16, c, max(8192, a.prompt_len), None, text.eos_ids)
+            server = Server(("127.0.0.1", 0), eng, text, ckpt.name)
+            server.start_background()
+            try:
+                run_http(server, prompts[:1], argparse.Namespace(gen=4))
+                row["http_tok_s"] = c * a.gen / run_http(server, prompts, a)
+            finally:
+                server.shutdown()
+                server.server_close()
+                del eng, server
+        rows.append(row)
+        log(json.dumps(row))
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    with open(a.out / "results.jsonl", "a") as f:
+        for r in rows:
+            f.write(json.dumps({"model": ckpt.name, "device": a.device, **r}) + "\n")
+    log(f"\n{ckpt.name}, prompt {a.prompt_len}, {a.gen} generated tokens per request, greedy, bf16 activations")
+    log("| C | engine tok/s | http tok/s | decode step ms | raw forward ms | engine/raw | HBM floor ms | % of HBM | TTFT ms |")
+    log("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        log(f"| {r['concurrency']} | {r['engine_tok_s']:.0f} | {r.get('http_tok_s', float('nan')):.0f} | {r['decode_step_ms']:.2f} | "
+            f"{r['raw_step_ms']:.2f} | {r['engine_over_raw']:.2f} | {r['hbm_floor_ms']:.3f} | {100 * r['hbm_share']:.0f} | {r['ttft_ms']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -45,6 +45,11 @@ def load(
     ckpt = Checkpoint(path)
     if ckpt.layout != "root":
         raise CheckpointError(f"{ckpt.root}: the engine reads the HF root layout, not GPT-OSS's original/ folder")
+    shard = ckpt.config.get("quantkit_shard")
+    if shard is not None:  # one rank's part: routed experts and TP slices are missing, the model would be wrong
+        raise CheckpointError(
+            f"{ckpt.root}: rank {shard.get('rank')} of a {shard.get('world_size')}-rank checkpoint written by `quantkit shard` "
+            f"(EP {shard.get('ep_size')}, TP {shard.get('tp_size')}); the engine runs whole checkpoints: load the one it was sharded from")
     family = families.detect(ckpt.config, str(ckpt.root / "config.json"))
     manifest_path = ckpt.root / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}

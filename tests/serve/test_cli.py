@@ -53,3 +53,13 @@ def test_port_in_use(ckpt):
 def test_cache_smaller_than_the_context_is_refused(ckpt):
     r = CliRunner().invoke(main, ["serve", str(ckpt("qwen3")), "--device", "cpu", "--kv-cache-gib", "0.000001", "--port", "0"])
     assert r.exit_code == 1 and "less than max_model_len" in r.output
+
+
+def test_one_rank_of_a_sharded_checkpoint_is_refused(ckpt, tmp_path):
+    """A rank directory holds half of the experts at EP 2: served alone it would be a different model."""
+    from quantkit.shard import shard
+
+    shard(ckpt("qwen3-moe"), tmp_path / "ep2", ep=2)
+    rank = tmp_path / "ep2" / "rank-00001-of-00002"
+    r = CliRunner().invoke(main, ["serve", str(rank), "--device", "cpu", "--port", "0"])
+    assert r.exit_code == 1 and "rank 1 of a 2-rank checkpoint written by `quantkit shard`" in r.output

@@ -232,3 +232,22 @@ def test_a_client_that_disconnects_mid_stream_is_aborted(server):
         time.sleep(0.05)
     assert s.engine.stats.finished.get("abort", 0) == aborted + 1
     assert not s.engine.running and len(s.engine.cache.free_blocks) == s.engine.cache.num_blocks
+
+
+def test_a_failed_step_fails_its_requests_and_the_server_goes_on(server, monkeypatch):
+    s = server("qwen3")
+    real = s.engine.step
+    calls = []
+
+    def broken():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("device lost")
+        return real()
+
+    monkeypatch.setattr(s.engine, "step", broken)
+    status, r = call(s, "/v1/completions", {"prompt": "x", "max_tokens": 3})
+    assert status == 500 and "the engine failed on this batch: device lost" in r["error"]["message"]
+    assert not s.engine.running and len(s.engine.cache.free_blocks) == s.engine.cache.num_blocks
+    status, r = call(s, "/v1/completions", {"prompt": "x", "max_tokens": 3, "ignore_eos": True})
+    assert status == 200 and r["usage"]["completion_tokens"] == 3

@@ -32,6 +32,9 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
           act_quant: bool, backend: str) -> None:
     """Serve checkpoint CKPT (a source checkpoint or a `quantkit convert` output) over HTTP.
 
+    A `quantkit shard --ep N` output is served expert parallel, one process per rank:
+    `torchrun --nproc-per-node N -m quantkit serve CKPT` (rank 0 listens).
+
     Endpoints: POST /v1/completions and /v1/chat/completions (streaming with "stream": true),
     GET /v1/models, /health, /metrics.  Requests share the GPU through continuous batching over a
     paged KV cache; prompts longer than --max-num-batched-tokens are prefilled in chunks."""
@@ -48,6 +51,18 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
         raise click.ClickException(str(e)) from None
     except OSError as e:
         raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    import signal
+
+    from ..engine.server import Worker
+
+    def interrupt(signum, frame):  # SIGTERM (torchrun, service managers) stops as Ctrl-C does
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    if isinstance(server, Worker):  # expert-parallel serving: ranks > 0 replay rank 0's steps
+        click.echo(f"rank {server.rank}: holding its experts, following rank 0", err=True)
+        server.serve()
+        return
     eng = server.engine
     click.echo(f"serving {server.model_name} on {server.url} (device {eng.model.device}, max_model_len {eng.max_model_len}, "
                f"KV cache {eng.cache.num_blocks} blocks of {eng.cache.block_size} tokens)", err=True)

@@ -38,15 +38,19 @@ def load(
     backend: str = AUTO,
     per_op: dict[str, str] | None = None,
     scale_mn: bool | None = None,
+    rank_of_shard: bool = False,
 ) -> CausalLM:
     """Build the engine model of the checkpoint at ``path``; ``dtype`` is the activation/compute dtype;
     ``scale_mn``: fp8-block activation scales written MN-major (None: on CUDA devices; the values and
-    the logits are the same either way)."""
+    the logits are the same either way).  ``rank_of_shard``: ``path`` is one rank directory of ``quantkit
+    shard`` (expert parallel, TP 1) and the caller runs the other ranks (:mod:`.distributed`); refused otherwise."""
     ckpt = Checkpoint(path)
     if ckpt.layout != "root":
         raise CheckpointError(f"{ckpt.root}: the engine reads the HF root layout, not GPT-OSS's original/ folder")
     shard = ckpt.config.get("quantkit_shard")
-    if shard is not None:  # one rank's part: routed experts and TP slices are missing, the model would be wrong
+    if shard is not None and rank_of_shard and shard.get("tp_size", 1) != 1:
+        raise CheckpointError(f"{ckpt.root}: a TP {shard['tp_size']} slice; the engine serves expert-parallel ranks only (TP 1)")
+    if shard is not None and not rank_of_shard:  # one rank's part: routed experts and TP slices are missing, the model would be wrong
         raise CheckpointError(
             f"{ckpt.root}: rank {shard.get('rank')} of a {shard.get('world_size')}-rank checkpoint written by `quantkit shard` "
             f"(EP {shard.get('ep_size')}, TP {shard.get('tp_size')}); the engine runs whole checkpoints: load the one it was sharded from")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +29,17 @@ import torch
 from .model import CausalLM
 from .sampling import SamplingParams, TokenLogprobs, logprobs_at, new_generator, sample
 from .text import Detokenizer
+
+
+def forward_step(model: CausalLM, cache, order: list[tuple[Hashable, int]], tokens: torch.Tensor, rows: list[int]) -> torch.Tensor | None:
+    """Allocate the step's cache slots and run the model: logits [len(rows), V] on the CPU, or None
+    when no row is wanted (prefill chunks only: their keys and values go to the cache)."""
+    batch = cache.schedule(dict(order))
+    tokens = tokens.to(model.device)
+    if rows:
+        return model(tokens, batch.positions, cache, batch, rows=rows).cpu()
+    model.hidden(tokens, batch.positions, cache, batch)
+    return None
 
 
 class RequestError(ValueError):
@@ -93,6 +105,9 @@ class LLMEngine:
         self.running: list[Request] = []
         self.stats = EngineStats()
         self._ids = itertools.count()
+        # on_step(released ids, [(id, new tokens)], tokens, logit rows): called before each forward (distributed serving)
+        self.on_step: Callable[[list, list, torch.Tensor, list[int]], None] | None = None
+        self.released: list = []
 
     # --- requests -------------------------------------------------------------------------------
     def check_request(self, prompt: list[int], params: SamplingParams) -> None:
@@ -128,6 +143,12 @@ class LLMEngine:
     def kv_usage(self) -> float:
         return 1 - len(self.cache.free_blocks) / self.cache.num_blocks
 
+    def _release(self, r: Request) -> None:
+        if r.id in self.cache.tables:
+            self.cache.release(r.id)
+            if self.on_step is not None:
+                self.released.append(r.id)
+
     # --- scheduling ----------------------------------------------------------------------------
     def _blocks_needed(self, r: Request, n: int) -> int:
         have = len(self.cache.tables.get(r.id, ()))
@@ -135,8 +156,7 @@ class LLMEngine:
 
     def _preempt(self, r: Request) -> None:
         self.running.remove(r)
-        if r.id in self.cache.tables:
-            self.cache.release(r.id)
+        self._release(r)
         r.computed = 0
         r.preemptions += 1
         self.stats.preemptions += 1
@@ -180,7 +200,6 @@ class LLMEngine:
         plan = self._schedule()
         if not plan:
             return []
-        batch = self.cache.schedule({r.id: n for r, n in plan.items()})
         ids, rows, wants = [], [], []  # wants: (request, rows of its logits, first position, sample?)
         row = 0
         for r, n in plan.items():
@@ -197,11 +216,12 @@ class LLMEngine:
             wants.append((r, len(rows), lp_rows, sample_now))
             rows += mine
             row += n
-        tokens = torch.cat(ids).to(self.model.device)
-        if rows:
-            logits = self.model(tokens, batch.positions, self.cache, batch, rows=rows).cpu()
-        else:  # prefill chunks only: their keys and values go to the cache, no logits are needed
-            self.model.hidden(tokens, batch.positions, self.cache, batch)
+        tokens = torch.cat(ids)
+        order = [(r.id, n) for r, n in plan.items()]
+        if self.on_step is not None:  # distributed: the other ranks run the same step (.distributed)
+            self.on_step(self.released, order, tokens, rows)
+            self.released = []
+        logits = forward_step(self.model, self.cache, order, tokens, rows)
         now = time.monotonic()
         self.stats.steps += 1
         done = []
@@ -249,8 +269,7 @@ class LLMEngine:
         r.finish_reason, r.finish_time = reason, time.monotonic()
         if r in self.running:
             self.running.remove(r)
-        if r.id in self.cache.tables:
-            self.cache.release(r.id)
+        self._release(r)
         if r.detok is not None:
             r.detok.finish()
         s = self.stats

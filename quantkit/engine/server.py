@@ -145,6 +145,7 @@ class Server(ThreadingHTTPServer):
         self.engine, self.text, self.model_name = engine, text, model_name
         self.loop = EngineLoop(engine)
         self.started = int(time.time())
+        self.ctrl = None  # the control group of expert-parallel serving (rank 0 broadcasts each step on it)
 
     def serve(self) -> None:
         self.loop.start()
@@ -153,6 +154,10 @@ class Server(ThreadingHTTPServer):
         finally:
             self.loop.stop()
             self.loop.join(timeout=30)
+            if self.ctrl is not None:  # expert-parallel serving: release the other ranks
+                from .distributed import stop_workers
+
+                stop_workers(self.ctrl)
 
     def start_background(self) -> threading.Thread:
         """Serve from a background thread (tests, notebooks); ``shutdown()`` stops it."""
@@ -328,14 +333,27 @@ def kv_blocks(model, block_size: int, memory_bytes: int, max_tokens: int) -> int
 def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str = "cpu", dtype: str = "bfloat16",
           model_name: str | None = None, max_model_len: int | None = None, max_num_seqs: int = 64,
           max_num_batched_tokens: int = 2048, block_size: int = 16, kv_cache_gib: float | None = None,
-          gpu_memory_utilization: float = 0.9, act_quant: bool = True, backend: str = "auto") -> Server:
+          gpu_memory_utilization: float = 0.9, act_quant: bool = True, backend: str = "auto") -> Server | Worker:
     """Load the checkpoint and bind the server (not serving yet: ``serve()`` or ``start_background()``).
 
     KV cache: ``kv_cache_gib`` when given; otherwise on CUDA what ``gpu_memory_utilization`` of the
-    device leaves after the weights, on a CPU 2 GiB; never more than ``max_num_seqs`` full contexts."""
+    device leaves after the weights, on a CPU 2 GiB; never more than ``max_num_seqs`` full contexts.
+    A ``quantkit shard`` output is served expert parallel, one process per rank under torchrun
+    (:mod:`.distributed`): rank 0 gets the Server, the other ranks a :class:`Worker`."""
+    from pathlib import Path
+
+    from . import distributed
     from .loader import load
 
-    model = load(ckpt, device, getattr(torch, dtype), act_quant=act_quant, backend=backend)
+    root, man, ctrl, rank = Path(ckpt), distributed.sharded_root(ckpt), None, 0
+    if man is not None:
+        rank, _, path = distributed.launch_info(root, man)
+        dev, ctrl = distributed.init(device)
+        model = load(path, dev, getattr(torch, dtype), act_quant=act_quant, backend=backend, rank_of_shard=True)
+        distributed.attach(model, None)
+    else:
+        path = root
+        model = load(path, device, getattr(torch, dtype), act_quant=act_quant, backend=backend)
     limit = int(model.config.get("max_position_embeddings", 8192))
     max_len = min(max_model_len or min(limit, 8192), limit)
     if kv_cache_gib is not None:
@@ -348,11 +366,32 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
     if budget <= 0:
         raise ValueError(f"no memory left for the KV cache (gpu_memory_utilization {gpu_memory_utilization})")
     blocks = kv_blocks(model, block_size, budget, max_num_seqs * max_len)
+    if ctrl is not None:
+        blocks = distributed.agree_min(blocks, ctrl)
     if blocks * block_size < max_len:
         raise ValueError(f"the KV cache holds {blocks * block_size} tokens, less than max_model_len {max_len}: "
                          "give it more memory or lower --max-model-len")
-    text = ModelText(ckpt, model.config)
+    if rank > 0:
+        return Worker(model, model.new_cache(blocks, block_size), ctrl, rank)
+    text = ModelText(path, model.config)
     engine = LLMEngine(model, blocks, block_size, max_num_seqs, max_num_batched_tokens, max_len, text.eos_ids)
-    from pathlib import Path
+    server = Server((host, port), engine, text, model_name or root.resolve().name)
+    if ctrl is not None:
+        engine.on_step = distributed.broadcaster(ctrl)
+        server.ctrl = ctrl
+    return server
 
-    return Server((host, port), engine, text, model_name or Path(ckpt).resolve().name)
+
+class Worker:
+    """A rank > 0 of expert-parallel serving: replays rank 0's steps until rank 0 stops."""
+
+    def __init__(self, model, cache, ctrl, rank: int) -> None:
+        self.model, self.cache, self.ctrl, self.rank = model, cache, ctrl, rank
+
+    def serve(self) -> int:
+        from .distributed import worker_loop
+
+        return worker_loop(self.model, self.cache, self.ctrl)
+
+    def server_close(self) -> None:
+        pass

@@ -69,6 +69,17 @@ class Weights:
         self.used: set[str] = set()
         self.ops = ops if ops is not None else Dispatcher()  # shared by every layer of the model: records which backend ran each op
 
+    def expert_ids(self, prefix: str, n: int) -> list[int]:
+        """Global ids of the routed experts of the MoE at ``prefix`` (``model.layers.<i>.mlp.``) held here:
+        all n, or on a rank directory of ``quantkit shard`` its share (config.json ``quantkit_shard.experts``)."""
+        shard = self.ckpt.config.get("quantkit_shard")
+        if shard is None:
+            return list(range(n))
+        layer = prefix.split(".")[2]
+        if layer not in shard["experts"]:
+            raise CheckpointError(f"{self.ckpt.dir}: config.json quantkit_shard.experts has no layer {layer}")
+        return list(shard["experts"][layer])
+
     def has(self, name: str) -> bool:
         return name in self.ckpt
 

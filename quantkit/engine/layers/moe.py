@@ -180,8 +180,9 @@ class MoE(nn.Module):
     def __init__(self, router: Router, experts: Experts, shared: nn.Module | None = None) -> None:
         super().__init__()
         self.router, self.experts, self.shared = router, experts, shared
+        self.ep = None  # expert parallel (a rank's share of the experts, ..distributed.ExpertParallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w, idx = self.router(x)
-        y = self.experts(x, w, idx)
+        y = self.experts(x, w, idx) if self.ep is None else self.ep.routed(self.experts, x, w, idx)
         return y if self.shared is None else y + self.shared(x)

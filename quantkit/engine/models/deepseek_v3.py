@@ -63,7 +63,7 @@ def _mlp(w: Weights, p: str) -> MLP:
 def _moe(cfg: dict, w: Weights, p: str) -> MoE:
     if setting(cfg, "scoring_func", default="sigmoid") != "sigmoid":
         raise ValueError(f"DeepSeek scoring_func {cfg['scoring_func']!r} is not supported (sigmoid)")
-    e = [f"{p}experts.{j}." for j in range(setting(cfg, "n_routed_experts", "num_local_experts"))]
+    e = [f"{p}experts.{j}." for j in w.expert_ids(p, setting(cfg, "n_routed_experts", "num_local_experts"))]
     experts = Experts(
         w.stacked([x + "down_proj" for x in e]),
         gate=w.stacked([x + "gate_proj" for x in e]),

@@ -32,7 +32,7 @@ def _mlp(w: Weights, p: str) -> MLP:
 
 
 def _moe(cfg: dict, w: Weights, p: str, n_experts: int) -> MoE:
-    e = [f"{p}experts.{j}." for j in range(n_experts)]
+    e = [f"{p}experts.{j}." for j in w.expert_ids(p, n_experts)]
     experts = Experts(
         w.stacked([x + "down_proj" for x in e]),
         gate=w.stacked([x + "gate_proj" for x in e]),

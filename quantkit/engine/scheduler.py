@@ -71,6 +71,15 @@ class Request:
         return self.prompt + self.output
 
     @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    def token_slice(self, start: int, stop: int) -> list[int]:
+        """tokens[start:stop] without building the whole list (a decode step reads one token)."""
+        n = len(self.prompt)
+        return self.prompt[start:min(stop, n)] + self.output[max(start - n, 0):max(stop - n, 0)]
+
+    @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
@@ -171,7 +180,7 @@ class LLMEngine:
         for r in list(self.running):
             if r not in self.running:  # preempted below for an earlier request
                 continue
-            n = min(len(r.tokens) - r.computed, budget)
+            n = min(r.num_tokens - r.computed, budget)
             if n < 1:
                 break
             while not fits(r, n):
@@ -183,7 +192,7 @@ class LLMEngine:
                 plan[r], budget, reserved = n, budget - n, reserved + self._blocks_needed(r, n)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             r = self.waiting[0]
-            n = min(len(r.tokens) - r.computed, budget)
+            n = min(r.num_tokens - r.computed, budget)
             if not fits(r, n):
                 if not self.running and not plan:
                     raise RuntimeError(f"request {r.id}: {n} tokens do not fit an empty KV cache of {self.cache.num_blocks} blocks")
@@ -204,8 +213,8 @@ class LLMEngine:
         row = 0
         for r, n in plan.items():
             start = r.computed
-            ids.append(torch.tensor(r.tokens[start:start + n], dtype=torch.int64))
-            sample_now = start + n == len(r.tokens)
+            ids.append(torch.tensor(r.token_slice(start, start + n), dtype=torch.int64))
+            sample_now = start + n == r.num_tokens
             lp_rows = []
             if r.params.prompt_logprobs is not None and len(r.prompt_logprobs) < len(r.prompt):
                 # rows whose next token is a prompt token not scored yet
@@ -262,7 +271,7 @@ class LLMEngine:
         if (not p.ignore_eos and t in self.eos_ids) or t in p.stop_token_ids:
             r.stop_reason = t if t in p.stop_token_ids else None
             return self._finish(r, "stop")
-        if len(r.output) >= p.max_tokens or len(r.tokens) >= self.max_model_len:
+        if len(r.output) >= p.max_tokens or r.num_tokens >= self.max_model_len:
             return self._finish(r, "length")
 
     def _finish(self, r: Request, reason: str) -> None:

@@ -32,8 +32,8 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
           act_quant: bool, backend: str) -> None:
     """Serve checkpoint CKPT (a source checkpoint or a `quantkit convert` output) over HTTP.
 
-    A `quantkit shard --ep N` output is served expert parallel, one process per rank:
-    `torchrun --nproc-per-node N -m quantkit serve CKPT` (rank 0 listens).
+    A `quantkit shard --ep N [--tp T]` output is served expert (and tensor) parallel, one process per
+    rank: `torchrun --nproc-per-node N -m quantkit serve CKPT` (rank 0 listens).
 
     Endpoints: POST /v1/completions and /v1/chat/completions (streaming with "stream": true),
     GET /v1/models, /health, /metrics.  Requests share the GPU through continuous batching over a
@@ -59,9 +59,12 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
-    if isinstance(server, Worker):  # expert-parallel serving: ranks > 0 replay rank 0's steps
-        click.echo(f"rank {server.rank}: holding its experts, following rank 0", err=True)
-        server.serve()
+    if isinstance(server, Worker):  # sharded serving: ranks > 0 replay rank 0's steps
+        click.echo(f"rank {server.rank}: holding its share of the model, following rank 0", err=True)
+        try:
+            server.serve()
+        finally:
+            _leave_group()
         return
     eng = server.engine
     click.echo(f"serving {server.model_name} on {server.url} (device {eng.model.device}, max_model_len {eng.max_model_len}, "
@@ -72,3 +75,13 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
         pass
     finally:
         server.server_close()
+        _leave_group()
+
+
+def _leave_group() -> None:
+    """Tear down torch.distributed's groups (sharded serving) before the interpreter exits: their threads
+    would otherwise abort the process at exit."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,21 +1,25 @@
-"""Serving the rank directories of ``quantkit shard`` over torch.distributed (expert parallel).
+"""Serving the rank directories of ``quantkit shard`` over torch.distributed (expert and tensor parallel).
 
-    torchrun --nproc-per-node 4 -m quantkit serve DST        # DST written by quantkit shard --ep 4
+    torchrun --nproc-per-node 4 -m quantkit serve DST        # DST written by quantkit shard --ep 4 [--tp 2]
 
-Process r loads ``DST/rank-r-of-N``: the replicated weights (attention, norms, routers, dense and
-shared-expert MLPs, embedding, LM head) and its share of the routed experts.  Every rank runs every
-step on the same batch: attention and dense layers are computed alike on each rank (the DP replicas
-of the plan all serve one batch), and each MoE layer runs the router on every rank, computes the
-contributions of the experts held locally (a token's slots routed elsewhere get weight zero on this
-rank) and sums them over the ranks with one all-reduce, in float32, before the shared expert is
-added.
+Process r loads ``DST/rank-r-of-N``: its share of the routed experts, its TP slice of attention,
+dense / shared-expert MLPs, embedding and LM head (``local_config`` gives its head counts), and the
+replicated rest.  Every rank runs every step on the same batch:
+
+* tensor parallel, in the TP group (ranks dp * TP .. dp * TP + TP - 1): ``o_proj`` and dense
+  ``down_proj`` are row-parallel (:class:`RowParallel`: partial products summed by a float32
+  all-reduce, the whole bias added once); the embedding looks up this rank's vocabulary rows and
+  sums over the group; the LM head's vocabulary slices are gathered;
+* expert parallel, over all ranks: each MoE layer runs the router on every rank, computes the
+  contributions of the experts held locally (a token's slots routed elsewhere get weight zero on
+  this rank) and sums them with one float32 all-reduce, before the shared expert is added.  DP
+  replicas of the plan all serve the one batch.
 
 Rank 0 owns the scheduler, the sampler and the HTTP server.  Before each forward it broadcasts the
 step (the cache sequences released since the last step, each scheduled sequence's new-token count,
 the token ids and the logit rows) on a gloo group; the other ranks replay it on their own KV cache,
-whose block tables therefore stay identical, and take part in the step's all-reduces.  NCCL carries
-the all-reduces on GPUs, gloo on CPUs (what the tests use).  Tensor parallelism (``--tp`` > 1) is
-not served: its attention would need head-sliced layers and TP all-reduces, which are not built.
+whose block tables therefore stay identical, and take part in the step's collectives.  NCCL carries
+the collectives on GPUs, gloo on CPUs (what the tests use).
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from ..checkpoint import MANIFEST, CheckpointError
+from .qlinear import Linear
 
 
 class ExpertParallel:
@@ -47,6 +53,106 @@ class ExpertParallel:
         return y.to(x.dtype)
 
 
+class RowParallel(Linear):
+    """A projection whose input features are split over the TP group (``o_proj``, a dense or shared
+    expert's ``down_proj``): each rank's partial product, summed in float32 by one all-reduce, then the
+    bias, which every rank holds whole, once."""
+
+    def __init__(self, inner: Linear, group) -> None:
+        super().__init__(inner.weight, None)
+        self.register_buffer("whole_bias", inner.bias)
+        self.group = group
+
+    def _sum(self, y: torch.Tensor) -> torch.Tensor:
+        out = y.to(torch.float32)
+        dist.all_reduce(out, group=self.group)
+        if self.whole_bias is not None:
+            out = out + self.whole_bias.to(torch.float32)
+        return out.to(y.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._sum(super().forward(x))
+
+    def quantized(self, a: torch.Tensor, a_scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        return self._sum(super().quantized(a, a_scale, out_dtype))
+
+
+class VocabParallelHead(nn.Module):
+    """The LM head split over the TP group by vocabulary rows: each rank's logits, gathered in rank order."""
+
+    def __init__(self, inner: Linear, group, tp: int) -> None:
+        super().__init__()
+        self.inner, self.group, self.tp = inner, group, tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x).contiguous()
+        parts = [torch.empty_like(y) for _ in range(self.tp)]
+        dist.all_gather(parts, y, group=self.group)
+        return torch.cat(parts, dim=-1)
+
+
+class VocabParallelEmbedding:
+    """Embedding rows [start, stop) on this rank: ids outside give zeros, and the TP group's sum is the lookup."""
+
+    def __init__(self, start: int, stop: int, group) -> None:
+        self.start, self.stop, self.group = start, stop, group
+
+    def __call__(self, table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        mine = (ids >= self.start) & (ids < self.stop)
+        x = table[torch.where(mine, ids - self.start, torch.zeros_like(ids))] * mine[:, None].to(table.dtype)
+        out = x.to(torch.float32)
+        dist.all_reduce(out, group=self.group)
+        return out.to(table.dtype)
+
+
+def local_config(config: dict) -> dict:
+    """config.json as a rank of TP size t builds its layers: attention heads / t, KV heads / t (one when
+    t exceeds them: replicated, as quantkit shard writes them), head_dim kept at the global value."""
+    shard = config["quantkit_shard"]
+    tp = int(shard.get("tp_size", 1))
+    if tp == 1:
+        return config
+    heads = int(config["num_attention_heads"])
+    cfg = dict(config)
+    if "head_dim" not in cfg and "qk_nope_head_dim" not in cfg:
+        cfg["head_dim"] = int(config["hidden_size"]) // heads
+    cfg["num_attention_heads"] = heads // tp
+    if "num_key_value_heads" in config:
+        cfg["num_key_value_heads"] = max(1, int(config["num_key_value_heads"]) // tp)
+    return cfg
+
+
+def tp_groups(world: int, tp: int):
+    """This rank's TP group (ranks dp * tp .. dp * tp + tp - 1); every rank creates every group, in order."""
+    mine = None
+    for d in range(world // tp):
+        g = dist.new_group(list(range(d * tp, (d + 1) * tp)))
+        if dist.get_rank() // tp == d:
+            mine = g
+    return mine
+
+
+def attach_tp(model, group) -> int:
+    """Wrap a TP rank's row-parallel projections, LM head and embedding; the number of projections wrapped."""
+    from .layers.mlp import MLP
+
+    shard = model.config["quantkit_shard"]
+    tp = int(shard["tp_size"])
+    n = 0
+    for mod in list(model.modules()):
+        if hasattr(mod, "o_proj") and isinstance(mod.o_proj, Linear) and not isinstance(mod.o_proj, RowParallel):
+            mod.o_proj, n = RowParallel(mod.o_proj, group), n + 1
+        if isinstance(mod, MLP) and not isinstance(mod.down_proj, RowParallel):
+            mod.down_proj, n = RowParallel(mod.down_proj, group), n + 1
+    split = shard["splits"].get("model.embed_tokens.weight")
+    if split is not None:
+        model.embed_parallel = VocabParallelEmbedding(split["start"], split["stop"], group)
+    tied = "lm_head.weight" not in shard["splits"] and split is not None and model.config.get("tie_word_embeddings")
+    if "lm_head.weight" in shard["splits"] or tied:  # the head (or the embedding it is tied to) holds this rank's vocabulary rows
+        model.lm_head = VocabParallelHead(model.lm_head, group, tp)
+    return n
+
+
 def sharded_root(path: str | Path) -> dict | None:
     """The manifest of a ``quantkit shard`` output directory (its ``parallel`` and ``ranks``), else None."""
     m = Path(path) / MANIFEST
@@ -59,8 +165,6 @@ def sharded_root(path: str | Path) -> dict | None:
 def launch_info(root: Path, man: dict) -> tuple[int, int, Path]:
     """(rank, world size, rank directory) of this process, from torchrun's environment."""
     world = man["parallel"]["world_size"]
-    if man["parallel"].get("tp", 1) != 1:
-        raise CheckpointError(f"{root}: sharded with TP {man['parallel']['tp']}; serving runs expert parallel only (shard with --tp 1)")
     env_world = int(os.environ.get("WORLD_SIZE", "1"))
     if env_world != world:
         raise CheckpointError(f"{root} is a {world}-rank checkpoint written by `quantkit shard`: launch one process per rank, "

@@ -24,6 +24,7 @@ import torch
 from .. import families
 from ..checkpoint import MANIFEST, Checkpoint, CheckpointError
 from ..kernels.dispatch import AUTO, Dispatcher
+from .distributed import local_config
 from .model import CausalLM
 from .models import MODELS
 from .weights import QuantScheme, Weights
@@ -43,13 +44,12 @@ def load(
     """Build the engine model of the checkpoint at ``path``; ``dtype`` is the activation/compute dtype;
     ``scale_mn``: fp8-block activation scales written MN-major (None: on CUDA devices; the values and
     the logits are the same either way).  ``rank_of_shard``: ``path`` is one rank directory of ``quantkit
-    shard`` (expert parallel, TP 1) and the caller runs the other ranks (:mod:`.distributed`); refused otherwise."""
+    shard`` (its attention heads and vocabulary share where TP > 1) and the caller runs the other ranks and
+    their collectives (:mod:`.distributed`); refused otherwise."""
     ckpt = Checkpoint(path)
     if ckpt.layout != "root":
         raise CheckpointError(f"{ckpt.root}: the engine reads the HF root layout, not GPT-OSS's original/ folder")
     shard = ckpt.config.get("quantkit_shard")
-    if shard is not None and rank_of_shard and shard.get("tp_size", 1) != 1:
-        raise CheckpointError(f"{ckpt.root}: a TP {shard['tp_size']} slice; the engine serves expert-parallel ranks only (TP 1)")
     if shard is not None and not rank_of_shard:  # one rank's part: routed experts and TP slices are missing, the model would be wrong
         raise CheckpointError(
             f"{ckpt.root}: rank {shard.get('rank')} of a {shard.get('world_size')}-rank checkpoint written by `quantkit shard` "
@@ -63,7 +63,7 @@ def load(
     scheme = QuantScheme.from_config(ckpt.config, manifest, act_quant, scale_mn)
     w = Weights(ckpt, device, dtype, scheme, ops)
     with torch.no_grad():
-        model = MODELS[family.name](ckpt.config, w)
+        model = MODELS[family.name](ckpt.config if shard is None else local_config(ckpt.config), w)
     w.check_all_used()
     model.ops = ops  # the dispatcher every layer calls: model.ops.ran names the backend of each op
     return model.eval()

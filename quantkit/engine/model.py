@@ -52,6 +52,7 @@ class CausalLM(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm, self.lm_head = norm, lm_head
         self.mtp = mtp  # DeepSeek's multi-token-prediction layer, cache layer len(layers)
+        self.embed_parallel = None  # tensor parallel: this rank's vocabulary rows (..distributed.VocabParallelEmbedding)
 
     @property
     def device(self) -> torch.device:
@@ -84,7 +85,7 @@ class CausalLM(nn.Module):
         elif positions is not None and not torch.equal(positions, batch.positions):
             raise ValueError("positions differ from the batch's positions")
         batch.check(input_ids)
-        x = self.embed_tokens[input_ids]
+        x = self.embed_tokens[input_ids] if self.embed_parallel is None else self.embed_parallel(self.embed_tokens, input_ids)
         if collect is not None:
             collect.append(x)
         for layer in self.layers:

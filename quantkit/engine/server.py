@@ -338,7 +338,7 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
 
     KV cache: ``kv_cache_gib`` when given; otherwise on CUDA what ``gpu_memory_utilization`` of the
     device leaves after the weights, on a CPU 2 GiB; never more than ``max_num_seqs`` full contexts.
-    A ``quantkit shard`` output is served expert parallel, one process per rank under torchrun
+    A ``quantkit shard`` output is served expert (and tensor) parallel, one process per rank under torchrun
     (:mod:`.distributed`): rank 0 gets the Server, the other ranks a :class:`Worker`."""
     from pathlib import Path
 
@@ -349,8 +349,12 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
     if man is not None:
         rank, _, path = distributed.launch_info(root, man)
         dev, ctrl = distributed.init(device)
+        tp = int(man["parallel"].get("tp", 1))
+        tp_group = distributed.tp_groups(int(man["parallel"]["world_size"]), tp) if tp > 1 else None
         model = load(path, dev, getattr(torch, dtype), act_quant=act_quant, backend=backend, rank_of_shard=True)
         distributed.attach(model, None)
+        if tp_group is not None:
+            distributed.attach_tp(model, tp_group)
     else:
         path = root
         model = load(path, device, getattr(torch, dtype), act_quant=act_quant, backend=backend)

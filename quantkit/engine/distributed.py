@@ -10,10 +10,10 @@ replicated rest.  Every rank runs every step on the same batch:
   ``down_proj`` are row-parallel (:class:`RowParallel`: partial products summed by a float32
   all-reduce, the whole bias added once); the embedding looks up this rank's vocabulary rows and
   sums over the group; the LM head's vocabulary slices are gathered;
-* expert parallel, over all ranks: each MoE layer runs the router on every rank, computes the
-  contributions of the experts held locally (a token's slots routed elsewhere get weight zero on
-  this rank) and sums them with one float32 all-reduce, before the shared expert is added.  DP
-  replicas of the plan all serve the one batch.
+* expert parallel, over all ranks: each MoE layer runs the router on every rank, runs the (token,
+  slot) pairs routed to its local experts as rows of their own (so a rank's expert work is its own
+  pairs only) and sums the contributions with one float32 all-reduce, before the shared expert is
+  added.  DP replicas of the plan all serve the one batch.
 
 Rank 0 owns the scheduler, the sampler and the HTTP server.  Before each forward it broadcasts the
 step (the cache sequences released since the last step, each scheduled sequence's new-token count,
@@ -45,12 +45,16 @@ class ExpertParallel:
         self.g2l, self.group = g2l.to(device), group
 
     def routed(self, experts, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """This rank's (token, slot) pairs whose expert is local run as rows of their own (one slot each,
+        so the work is the local pairs only), summed per token in float32, then over the ranks."""
         local = self.g2l[idx]
-        mine = local >= 0
-        y = experts(x, torch.where(mine, weights, torch.zeros_like(weights)), torch.where(mine, local, torch.zeros_like(local)))
-        y = y.to(torch.float32)
-        dist.all_reduce(y, group=self.group)
-        return y.to(x.dtype)
+        tok, slot = torch.where(local >= 0)
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        if tok.numel():
+            y = experts(x[tok], weights[tok, slot, None], local[tok, slot, None])
+            out.index_add_(0, tok, y.to(torch.float32))
+        dist.all_reduce(out, group=self.group)
+        return out.to(x.dtype)
 
 
 class RowParallel(Linear):

@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
 from .protocol import chat_logprobs, completion_logprobs
+from .text import split_harmony
 
 
 def _usage(reqs) -> dict:
@@ -28,14 +29,27 @@ def _head(h, rid: str, created: int, obj: str) -> dict:
     return {"id": rid, "object": obj, "created": created, "model": h.server.model_name}
 
 
-def completion_response(h, rid: str, created: int, reqs, deltas, echo: bool) -> dict:
-    text = h.server.text
+def _texts(deltas, n: int) -> list[str]:
+    """Each choice's whole text from its deltas."""
     parts: dict[int, list[str]] = defaultdict(list)
     for d in deltas:
         parts[d.index].append(d.text)
+    return ["".join(parts[i]) for i in range(n)]
+
+
+def split_reply(text: str, harmony: bool) -> tuple[str | None, str]:
+    """(reasoning or None, content) of a chat reply."""
+    if not harmony:
+        return None, text
+    reasoning, content = split_harmony(text)
+    return reasoning or None, content
+
+
+def completion_response(h, rid: str, created: int, reqs, deltas, echo: bool) -> dict:
+    text = h.server.text
     choices = []
-    for i, r in enumerate(reqs):
-        body, prefix = "".join(parts[i]), _prompt_text(text, r) if echo else ""
+    for i, (r, body) in enumerate(zip(reqs, _texts(deltas, len(reqs)))):
+        prefix = _prompt_text(text, r) if echo else ""
         lp = None
         if r.params.logprobs is not None:
             entries = (r.prompt_logprobs if echo else []) + r.logprobs
@@ -70,15 +84,10 @@ def completion_chunks(h, rid: str, created: int, reqs, deltas: Iterable, echo: b
 
 
 def chat_response(h, rid: str, created: int, reqs, deltas, harmony: bool) -> dict:
-    from .server import split_reply
-
     text = h.server.text
-    parts: dict[int, list[str]] = defaultdict(list)
-    for d in deltas:
-        parts[d.index].append(d.text)
     choices = []
-    for i, r in enumerate(reqs):
-        reasoning, content = split_reply("".join(parts[i]), harmony)
+    for i, (r, reply) in enumerate(zip(reqs, _texts(deltas, len(reqs)))):
+        reasoning, content = split_reply(reply, harmony)
         msg = {"role": "assistant", "content": content}
         if reasoning is not None:
             msg["reasoning_content"] = reasoning
@@ -88,8 +97,6 @@ def chat_response(h, rid: str, created: int, reqs, deltas, harmony: bool) -> dic
 
 
 def chat_chunks(h, rid: str, created: int, reqs, deltas: Iterable, harmony: bool, usage: bool) -> Iterator[dict]:
-    from .server import split_reply
-
     text, head = h.server.text, _head(h, rid, created, "chat.completion.chunk")
     raw = [""] * len(reqs)
     sent = [("", "") for _ in reqs]  # (reasoning, content) sent so far

@@ -24,7 +24,7 @@ import torch
 from . import protocol as proto
 from .sampling import SamplingParams, TokenLogprobs
 from .scheduler import LLMEngine, Request, RequestError
-from .text import ModelText, split_harmony
+from .text import ModelText
 
 MAX_BODY = 64 << 20
 
@@ -284,14 +284,8 @@ class Handler(BaseHTTPRequestHandler):
         reqs, out = self._run(ids, params, n, bounded, lambda p: s.text.detokenizer(p.stop, p.include_stop_str, skip))
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         echo = bool(body.get("echo", False))
-        if body.get("stream"):
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return self._stream(reqs, completion_chunks(self, rid, created, reqs, self._deltas(reqs, out), echo, usage))
-        try:
-            deltas = list(self._deltas(reqs, out))
-        except RuntimeError as e:
-            return self._error(proto.ProtocolError(str(e), 500))
-        self._send(200, completion_response(self, rid, created, reqs, deltas, echo))
+        self._reply(body, reqs, out, lambda deltas, usage: completion_chunks(self, rid, created, reqs, deltas, echo, usage),
+                    lambda deltas: completion_response(self, rid, created, reqs, deltas, echo))
 
     def _chat(self, body: dict) -> None:
         from .openai_io import chat_chunks, chat_response
@@ -305,22 +299,19 @@ class Handler(BaseHTTPRequestHandler):
         harmony = s.text.harmony  # GPT-OSS: keep the channel markers to split reasoning from the answer
         reqs, out = self._run([ids], params, n, bounded, lambda p: s.text.detokenizer(p.stop, p.include_stop_str, not harmony))
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        self._reply(body, reqs, out, lambda deltas, usage: chat_chunks(self, rid, created, reqs, deltas, harmony, usage),
+                    lambda deltas: chat_response(self, rid, created, reqs, deltas, harmony))
+
+    def _reply(self, body: dict, reqs: list[Request], out: queue.Queue, chunks, whole) -> None:
+        """Stream ``chunks(deltas, include_usage)`` as server-sent events, or send ``whole(deltas)`` once all are in."""
         if body.get("stream"):
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return self._stream(reqs, chat_chunks(self, rid, created, reqs, self._deltas(reqs, out), harmony, usage))
+            return self._stream(reqs, chunks(self._deltas(reqs, out), usage))
         try:
             deltas = list(self._deltas(reqs, out))
         except RuntimeError as e:
             return self._error(proto.ProtocolError(str(e), 500))
-        self._send(200, chat_response(self, rid, created, reqs, deltas, harmony))
-
-
-def split_reply(text: str, harmony: bool) -> tuple[str | None, str]:
-    """(reasoning or None, content) of a chat reply."""
-    if not harmony:
-        return None, text
-    reasoning, content = split_harmony(text)
-    return reasoning or None, content
+        self._send(200, whole(deltas))
 
 
 def kv_blocks(model, block_size: int, memory_bytes: int, max_tokens: int) -> int:

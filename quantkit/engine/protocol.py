@@ -98,7 +98,7 @@ def sampling(body: dict, *, chat: bool) -> tuple[SamplingParams, int, bool]:
     try:
         params = SamplingParams(
             max_tokens=max_tokens if max_tokens is not None else 0, temperature=_num(body, "temperature", 1.0, float, 0, 2),
-            top_p=_num(body, "top_p", 1.0), top_k=_num(body, "top_k", -1, int), seed=_num(body, "seed", None, int),
+            top_p=_num(body, "top_p", 1.0), top_k=_num(body, "top_k", -1, int), seed=_num(body, "seed", None, int, -(2**63), 2**64 - 1),
             stop=_stop(body), stop_token_ids=_ids(body, "stop_token_ids"), ignore_eos=bool(body.get("ignore_eos", False)),
             logprobs=logprobs, prompt_logprobs=logprobs if (echo and logprobs is not None) else None,
             include_stop_str=bool(body.get("include_stop_str_in_output", False)))

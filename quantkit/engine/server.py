@@ -39,7 +39,6 @@ class Delta:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    request: Request | None = None  # set on the last delta: the finished request (prompt logprobs, usage)
 
 
 class EngineLoop(threading.Thread):
@@ -83,6 +82,9 @@ class EngineLoop(threading.Thread):
                 box["requests"] = reqs
             except RequestError as e:
                 box["error"] = e
+            except Exception as e:  # never let one request take the engine thread down
+                traceback.print_exc(file=sys.stderr)
+                box["error"] = RuntimeError(f"the engine could not take the request: {e}")
             done.set()
         elif msg[0] == "abort":
             for r in msg[1]:
@@ -123,9 +125,8 @@ class EngineLoop(threading.Thread):
         index, out, sent = sink
         d = Delta(index, r.detok.delta() if r.detok is not None else "", r.output[sent[0]:], r.logprobs[sent[0]:])
         sent[0] = len(r.output)
-        if r.finished:
-            d.finish_reason, d.stop_reason, d.request = r.finish_reason, r.stop_reason, r
-            d.text += r.detok.delta() if r.detok is not None else ""
+        if r.finished:  # the detokenizer was finished with the request: its delta above holds the rest
+            d.finish_reason, d.stop_reason = r.finish_reason, r.stop_reason
             del self.sinks[r]
         if d.text or d.tokens or d.finish_reason:
             out.put(d)
@@ -232,6 +233,8 @@ class Handler(BaseHTTPRequestHandler):
             self._error(e)
         except (RequestError, ValueError) as e:
             self._error(proto.ProtocolError(str(e)))
+        except RuntimeError as e:
+            self._error(proto.ProtocolError(str(e), 500))
 
     # --- requests --------------------------------------------------------------------------------
     def _run(self, prompts: list[list[int]], params: SamplingParams, n: int, bounded: bool, detok) -> tuple[list, queue.Queue]:

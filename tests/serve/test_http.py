@@ -159,6 +159,8 @@ def test_gpt_oss_chat_splits_harmony_channels(server):
     ({"prompt": []}, 400, "'prompt' must be"),
     ({"prompt": "x", "n": 0}, 400, "'n' must be in [1, 16]"),
     ({"prompt": "x", "stop": [""]}, 400, "'stop' must be"),
+    ({"prompt": "x", "seed": 2**64}, 400, "'seed' must be in"),
+    ({"prompt": "x", "top_p": "high"}, 400, "'top_p' must be a number"),
 ])
 def test_bad_requests_get_one_clear_error(server, body, status, needle):
     s = server("qwen3")
@@ -251,3 +253,16 @@ def test_a_failed_step_fails_its_requests_and_the_server_goes_on(server, monkeyp
     assert not s.engine.running and len(s.engine.cache.free_blocks) == s.engine.cache.num_blocks
     status, r = call(s, "/v1/completions", {"prompt": "x", "max_tokens": 3, "ignore_eos": True})
     assert status == 200 and r["usage"]["completion_tokens"] == 3
+
+
+def test_an_unexpected_failure_taking_a_request_is_a_500_and_the_engine_goes_on(server, monkeypatch):
+    s = server("qwen3")
+
+    def broken(*a, **k):
+        raise OverflowError("no room")
+
+    monkeypatch.setattr(s.engine, "add_request", broken)
+    status, r = call(s, "/v1/completions", {"prompt": "x", "max_tokens": 2})
+    assert status == 500 and "could not take the request: no room" in r["error"]["message"]
+    monkeypatch.undo()
+    assert s.loop.is_alive() and call(s, "/v1/completions", {"prompt": "x", "max_tokens": 2, "ignore_eos": True})[0] == 200

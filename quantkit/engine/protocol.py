@@ -6,9 +6,10 @@ a list of lists of ids), ``max_tokens`` (default 16; null: up to the context len
 ``stream`` with ``stream_options.include_usage``; the vLLM extensions ``top_k``,
 ``stop_token_ids``, ``ignore_eos``, ``include_stop_str_in_output``, ``skip_special_tokens``.
 Chat (``/v1/chat/completions``): ``messages`` and the same sampling fields, with ``max_tokens`` or
-``max_completion_tokens``, ``logprobs`` (bool) and ``top_logprobs``.  Fields the engine does not
-implement (penalties, ``logit_bias``, ``best_of`` > n, ``suffix``, tools) are refused with a 400 naming
-them, never silently ignored.
+``max_completion_tokens``, ``logprobs`` (bool) and ``top_logprobs``.  Both take ``presence_penalty``,
+``frequency_penalty``, ``logit_bias`` and vLLM's ``repetition_penalty``.  Fields the engine does not
+implement (``best_of`` > n, ``suffix``, tools) are refused with a 400 naming them, never silently
+ignored.
 """
 
 from __future__ import annotations
@@ -41,14 +42,23 @@ def _num(body: dict, name: str, default, kind=float, lo=None, hi=None):
     return v
 
 
+def _bias(body: dict) -> tuple[tuple[int, float], ...]:
+    v = body.get("logit_bias") or {}
+    if not isinstance(v, dict):
+        raise ProtocolError("'logit_bias' must be an object of token id -> bias", param="logit_bias")
+    out = []
+    for k, b in v.items():
+        try:
+            t = int(k)
+        except (TypeError, ValueError):
+            raise ProtocolError(f"'logit_bias' key {k!r} is not a token id", param="logit_bias") from None
+        if isinstance(b, bool) or not isinstance(b, (int, float)):
+            raise ProtocolError(f"'logit_bias' value for {k} must be a number", param="logit_bias")
+        out.append((t, float(b)))
+    return tuple(out)
+
+
 def _unsupported(body: dict) -> None:
-    for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name) not in (None, 0, 0.0):
-            raise ProtocolError(f"'{name}' is not supported by this server (only 0)", param=name)
-    if body.get("repetition_penalty") not in (None, 1, 1.0):
-        raise ProtocolError("'repetition_penalty' is not supported by this server (only 1)", param="repetition_penalty")
-    if body.get("logit_bias"):
-        raise ProtocolError("'logit_bias' is not supported by this server", param="logit_bias")
     if body.get("suffix"):
         raise ProtocolError("'suffix' is not supported by this server", param="suffix")
     if body.get("tools") or body.get("functions"):
@@ -101,7 +111,9 @@ def sampling(body: dict, *, chat: bool) -> tuple[SamplingParams, int, bool]:
             top_p=_num(body, "top_p", 1.0), top_k=_num(body, "top_k", -1, int), seed=_num(body, "seed", None, int, -(2**63), 2**64 - 1),
             stop=_stop(body), stop_token_ids=_ids(body, "stop_token_ids"), ignore_eos=bool(body.get("ignore_eos", False)),
             logprobs=logprobs, prompt_logprobs=logprobs if (echo and logprobs is not None) else None,
-            include_stop_str=bool(body.get("include_stop_str_in_output", False)))
+            include_stop_str=bool(body.get("include_stop_str_in_output", False)),
+            presence_penalty=_num(body, "presence_penalty", 0.0), frequency_penalty=_num(body, "frequency_penalty", 0.0),
+            repetition_penalty=_num(body, "repetition_penalty", 1.0), logit_bias=_bias(body))
     except ValueError as e:
         raise ProtocolError(str(e)) from None
     return params, n, max_tokens is not None

@@ -3,7 +3,8 @@
 The rules are the ones OpenAI-compatible servers (vLLM, SGLang) apply, in their order:
 ``temperature == 0`` is greedy (argmax, the lowest id on a tie); otherwise the logits are divided
 by the temperature, cut to the ``top_k`` largest, then to the smallest set whose probability
-reaches ``top_p`` (the most likely token always stays), and one token is drawn.
+reaches ``top_p`` (the most likely token always stays), and one token is drawn.  Before that,
+``logit_bias`` and the presence / frequency / repetition penalties adjust the logits (:func:`adjust`).
 
 Each request draws from its own ``torch.Generator`` on the CPU, seeded with the request's
 ``seed`` (or a fresh random seed): the same seed gives the same tokens whatever other requests
@@ -34,6 +35,10 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k: the sampled token's logprob and the top k
     prompt_logprobs: int | None = None  # the same for the prompt tokens (echo)
     include_stop_str: bool = False
+    presence_penalty: float = 0.0  # minus this for every token already generated
+    frequency_penalty: float = 0.0  # minus this times how often a token was generated
+    repetition_penalty: float = 1.0  # a prompt or generated token's logit divided by it (times it when negative)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0:
@@ -50,6 +55,18 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {k}")
         if any(not s for s in self.stop):
             raise ValueError("a stop string must not be empty")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0 < self.repetition_penalty <= 2:
+            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if any(not -100 <= b <= 100 for _, b in self.logit_bias):
+            raise ValueError("logit_bias values must be in [-100, 100]")
+
+    @property
+    def adjusts(self) -> bool:
+        """Whether logits are changed before sampling (bias or penalties)."""
+        return bool(self.logit_bias) or self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     @property
     def greedy(self) -> bool:
@@ -82,8 +99,28 @@ def _truncate(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return logits
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> int:
-    """One token id from float32 logits [V] (on the CPU)."""
+def adjust(logits: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """Logits [V] after ``logit_bias`` and the penalties, in vLLM's order: the bias, then the repetition
+    penalty over prompt and generated tokens (a positive logit divided by it, a negative one multiplied),
+    then the frequency and presence penalties over the generated tokens."""
+    x = logits.clone()
+    if params.logit_bias:
+        ids, bias = zip(*params.logit_bias)
+        x.index_add_(0, torch.tensor(ids, dtype=torch.int64), torch.tensor(bias, dtype=x.dtype))
+    if params.repetition_penalty != 1:
+        seen = torch.unique(torch.tensor(prompt + output, dtype=torch.int64))
+        v = x[seen]
+        x[seen] = torch.where(v > 0, v / params.repetition_penalty, v * params.repetition_penalty)
+    if output and (params.frequency_penalty or params.presence_penalty):
+        counts = torch.bincount(torch.tensor(output, dtype=torch.int64), minlength=x.shape[0]).to(x.dtype)
+        x -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(x.dtype)
+    return x
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator, prompt: list[int] = (), output: list[int] = ()) -> int:
+    """One token id from float32 logits [V] (on the CPU); ``prompt`` and ``output`` feed the penalties."""
+    if params.adjusts:
+        logits = adjust(logits, params, list(prompt), list(output))
     if params.greedy:
         return int(torch.argmax(logits))
     x = _truncate(logits / params.temperature, params.top_k, params.top_p)

@@ -127,6 +127,9 @@ class LLMEngine:
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {vocab})")
         if len(prompt) + params.max_tokens > self.max_model_len:
             raise RequestError(f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) is more than "
                                f"the maximum context length of {self.max_model_len} tokens")
@@ -257,7 +260,7 @@ class LLMEngine:
             r.prompt_logprobs.append(None)  # a one-token prompt
         if len(r.output) >= p.max_tokens:  # max_tokens 0: the prompt's logprobs only
             return self._finish(r, "length")
-        t = sample(logits, p, r.gen)
+        t = sample(logits, p, r.gen, r.prompt, r.output)
         r.output.append(t)
         self.stats.generation_tokens += 1
         if r.first_token_time is None:

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from quantkit.engine.sampling import SamplingParams, _truncate, sample
+from quantkit.engine.sampling import SamplingParams, _truncate, adjust, sample
 from quantkit.engine.text import Detokenizer, ModelText, split_harmony
 
 FAMILIES = ["gpt-oss", "deepseek-v3", "qwen3", "qwen3-moe"]
@@ -135,3 +135,16 @@ def test_a_cut_character_at_the_end_decodes_as_a_whole_decode_does(ckpt):
     assert not d.text.endswith("\ufffd")  # held back while more bytes may come
     d.finish()
     assert d.text == t.tok.decode(ids[:cut]) and d.text.endswith("\ufffd")
+
+
+def test_bias_and_penalties_by_hand():
+    logits = torch.tensor([2.0, -1.0, 0.5, 3.0])
+    p = SamplingParams(logit_bias=((1, 5.0),), repetition_penalty=2.0, frequency_penalty=0.1, presence_penalty=0.5)
+    # bias: id 1 -> 4.0 (never seen: no repetition penalty); seen {0, 2, 3}: 2 -> 1, 0.5 -> 0.25, 3 -> 1.5;
+    # generated twice / once: id 2 -0.2 -0.5, id 3 -0.1 -0.5
+    got = adjust(logits, p, prompt=[0], output=[2, 2, 3])
+    assert torch.allclose(got, torch.tensor([1.0, 4.0, -0.45, 0.9]))
+    neg = adjust(torch.tensor([-2.0, 1.0]), SamplingParams(repetition_penalty=1.5), prompt=[0], output=[])
+    assert torch.allclose(neg, torch.tensor([-3.0, 1.0]))  # a negative logit is multiplied
+    assert torch.equal(logits, torch.tensor([2.0, -1.0, 0.5, 3.0]))  # the model's logits are left as they were
+    assert sample(logits, SamplingParams(temperature=0, logit_bias=((1, 5.0),)), torch.Generator()) == 1

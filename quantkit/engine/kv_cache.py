@@ -9,6 +9,11 @@ model's compute dtype, so slot s of block b is row b * block_size + s.
 :meth:`KVCache.schedule` is the interface a scheduler drives: it allocates blocks for the new
 tokens of each sequence and returns the step's :class:`Batch` (positions continue each
 sequence's length).  :meth:`release` returns a finished sequence's blocks.
+
+Prefix caching: a full, written block can be indexed under a hash of its tokens chained with all the
+tokens before it (:meth:`commit`); a new sequence whose prompt starts with such blocks starts on them
+(:meth:`match`, :meth:`attach`), and blocks are counted per user (``refs``).  A released block stays
+indexed while it waits in the free list, oldest freed first, until it is taken for new tokens.
 """
 
 from __future__ import annotations
@@ -39,16 +44,60 @@ class KVCache:
         slots = num_blocks * block_size
         # per layer: name -> [slots, *shape]
         self.layers = [{n: torch.zeros(slots, *shape, dtype=dtype, device=device) for n, shape in s.items()} for s in specs]
-        self.free_blocks = list(range(num_blocks - 1, -1, -1))
+        # free blocks, oldest freed first (an ordered set); a free block may still hold a cached prefix block
+        self.free_blocks: dict[int, None] = dict.fromkeys(range(num_blocks))
+        self.refs = [0] * num_blocks  # sequences using each block
+        self.hash_of: dict[int, bytes] = {}  # block -> hash of its full, written contents (prefix caching)
+        self.by_hash: dict[bytes, int] = {}
         self.tables: dict[Hashable, list[int]] = {}
         self.lengths: dict[Hashable, int] = {}
+
+    def _take(self, b: int) -> None:
+        if self.refs[b] == 0:
+            del self.free_blocks[b]
+        self.refs[b] += 1
 
     def _grow(self, seq: Hashable, n_total: int) -> None:
         table = self.tables.setdefault(seq, [])
         need = -(-n_total // self.block_size) - len(table)
         if need > len(self.free_blocks):
             raise RuntimeError(f"KV cache out of blocks: sequence {seq!r} needs {need} more, {len(self.free_blocks)} free")
-        table.extend(self.free_blocks.pop() for _ in range(need))
+        for _ in range(need):
+            b = next(iter(self.free_blocks))  # the least recently freed: evicts the coldest cached block
+            if b in self.hash_of:
+                del self.by_hash[self.hash_of.pop(b)]
+            self._take(b)
+            table.append(b)
+
+    # --- prefix caching: full blocks indexed by the hash of their tokens and all before them ------------
+    def match(self, hashes: list[bytes]) -> list[int]:
+        """The cached blocks of the longest prefix of ``hashes`` (block i's hash chains blocks 0..i)."""
+        out = []
+        for h in hashes:
+            b = self.by_hash.get(h)
+            if b is None:
+                break
+            out.append(b)
+        return out
+
+    def reused(self, blocks: list[int]) -> int:
+        """How many of these cached blocks sit in the free list (taking them uses free room)."""
+        return sum(self.refs[b] == 0 for b in blocks)
+
+    def attach(self, seq: Hashable, blocks: list[int]) -> None:
+        """Start a new sequence on cached blocks: its first len(blocks) * block_size tokens are already written."""
+        if seq in self.tables:
+            raise ValueError(f"sequence {seq!r} already has blocks")
+        for b in blocks:
+            self._take(b)
+        self.tables[seq] = list(blocks)
+        self.lengths[seq] = len(blocks) * self.block_size
+
+    def commit(self, seq: Hashable, first: int, hashes: list[bytes]) -> None:
+        """Index blocks first, first + 1, ... of a sequence (full and written) under their hashes."""
+        for b, h in zip(self.tables[seq][first:], hashes):
+            if b not in self.hash_of and h not in self.by_hash:
+                self.hash_of[b], self.by_hash[h] = h, b
 
     def schedule(self, new_tokens: Mapping[Hashable, int]) -> Batch:
         """Allocate room for ``new_tokens[seq]`` more tokens of each sequence; the step's metadata."""
@@ -73,7 +122,12 @@ class KVCache:
         return Batch(tuple(cu), torch.cat(pos).to(dev), torch.cat(slots).to(dev), bt.to(dev), tuple(ctx), self.block_size)
 
     def release(self, seq: Hashable) -> None:
-        self.free_blocks.extend(reversed(self.tables.pop(seq)))
+        """Give back a sequence's blocks; a block no other sequence uses is free (its tail first: the first
+        to be evicted), and keeps its cached contents until it is taken again."""
+        for b in reversed(self.tables.pop(seq)):
+            self.refs[b] -= 1
+            if self.refs[b] == 0:
+                self.free_blocks[b] = None
         del self.lengths[seq]
 
     def write(self, layer: int, slots: torch.Tensor, values: Mapping[str, torch.Tensor]) -> None:

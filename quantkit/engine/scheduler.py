@@ -18,8 +18,10 @@ in :mod:`.sampling`; text, stop strings and streaming deltas in :mod:`.text`.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -62,6 +64,8 @@ class Request:
     first_token_time: float | None = None
     finish_time: float | None = None
     preemptions: int = 0
+    block_hashes: list[bytes] = field(default_factory=list)  # prefix caching: hashes of its full token blocks so far
+    committed: int = 0  # blocks indexed in the cache
 
     def __post_init__(self) -> None:
         self.gen = new_generator(self.params.seed)
@@ -88,9 +92,16 @@ class Request:
         return self.detok.text if self.detok is not None else ""
 
 
+def block_hash(prev: bytes, tokens: list[int]) -> bytes:
+    """A full block's key: its tokens chained with the hash of every block before it."""
+    return hashlib.blake2b(prev + array("q", tokens).tobytes(), digest_size=16).digest()
+
+
 @dataclass
 class EngineStats:
     prompt_tokens: int = 0
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache at admission
+    prefix_hits: int = 0  # of those, tokens found cached (not computed again)
     generation_tokens: int = 0
     steps: int = 0
     preemptions: int = 0
@@ -101,7 +112,8 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int = 16, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int = 2048, max_model_len: int | None = None, eos_ids: tuple[int, ...] = ()) -> None:
+                 max_num_batched_tokens: int = 2048, max_model_len: int | None = None, eos_ids: tuple[int, ...] = (),
+                 prefix_caching: bool = True) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got {max_num_seqs}, {max_num_batched_tokens}")
         self.model = model
@@ -110,6 +122,7 @@ class LLMEngine:
         limit = int(model.config.get("max_position_embeddings", num_blocks * block_size))
         self.max_model_len = min(max_model_len or limit, limit, num_blocks * block_size)
         self.eos_ids = tuple(eos_ids)
+        self.prefix_caching = prefix_caching
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.stats = EngineStats()
@@ -169,10 +182,29 @@ class LLMEngine:
     def _preempt(self, r: Request) -> None:
         self.running.remove(r)
         self._release(r)
-        r.computed = 0
+        r.computed = r.committed = 0
         r.preemptions += 1
         self.stats.preemptions += 1
         self.waiting.appendleft(r)
+
+    @property
+    def caching(self) -> bool:
+        """Prefix caching is on (not in sharded serving: the other ranks replay allocations, not cache hits)."""
+        return self.prefix_caching and self.on_step is None
+
+    def _hashes(self, r: Request, n_blocks: int) -> list[bytes]:
+        bs, h = self.cache.block_size, r.block_hashes
+        while len(h) < n_blocks:
+            i = len(h)
+            h.append(block_hash(h[-1] if h else b"", r.token_slice(i * bs, (i + 1) * bs)))
+        return h[:n_blocks]
+
+    def _prefix_hit(self, r: Request) -> list[int]:
+        """Cached blocks a request being admitted can start on: whole blocks, leaving at least its last token
+        to compute (its logits are needed); none when it wants prompt logprobs (those rows must run)."""
+        if not self.caching or r.computed or r.params.prompt_logprobs is not None:
+            return []
+        return self.cache.match(self._hashes(r, (r.num_tokens - 1) // self.cache.block_size))
 
     def _schedule(self) -> dict[Request, int]:
         budget, plan, reserved = self.max_num_batched_tokens, {}, 0  # reserved: blocks this step's earlier entries take
@@ -193,16 +225,26 @@ class LLMEngine:
                     break
             if r in self.running:
                 plan[r], budget, reserved = n, budget - n, reserved + self._blocks_needed(r, n)
+        bs = self.cache.block_size
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             r = self.waiting[0]
-            n = min(r.num_tokens - r.computed, budget)
-            if not fits(r, n):
+            hit = self._prefix_hit(r)
+            start = r.computed + len(hit) * bs
+            n = min(r.num_tokens - start, budget)
+            new = -(-(start + n) // bs) - len(hit) - len(self.cache.tables.get(r.id, ()))  # blocks to allocate
+            if new + self.cache.reused(hit) > len(self.cache.free_blocks) - reserved:
                 if not self.running and not plan:
                     raise RuntimeError(f"request {r.id}: {n} tokens do not fit an empty KV cache of {self.cache.num_blocks} blocks")
                 break
             self.waiting.popleft()
             self.running.append(r)
-            plan[r], budget, reserved = n, budget - n, reserved + self._blocks_needed(r, n)
+            if self.caching and not r.computed:
+                self.stats.prefix_queries += r.num_tokens
+                self.stats.prefix_hits += len(hit) * bs
+            if hit:
+                self.cache.attach(r.id, hit)
+                r.computed, r.committed = start, len(hit)
+            plan[r], budget, reserved = n, budget - n, reserved + new
         return plan
 
     # --- one step --------------------------------------------------------------------------------
@@ -241,6 +283,10 @@ class LLMEngine:
             before, r.computed = r.computed, r.computed + plan[r]
             if not r.preemptions:  # a recomputation is not new prompt
                 self.stats.prompt_tokens += min(r.computed, len(r.prompt)) - min(before, len(r.prompt))
+            full = r.computed // self.cache.block_size
+            if self.caching and full > r.committed:  # blocks now full and written: index them for later prompts
+                self.cache.commit(r.id, r.committed, self._hashes(r, full)[r.committed:])
+                r.committed = full
             if lp_rows:
                 self._prompt_logprobs(r, logits[at:at + len(lp_rows)], lp_rows)
             if sample_now:

@@ -27,9 +27,11 @@ import click
               help="Quantize activations dynamically as the checkpoint's format asks (off: unquantized activations).")
 @click.option("--backend", type=click.Choice(["auto", "torch"]), default="auto", show_default=True,
               help="Kernel backend: auto (fastest available) or torch (the reference ops).")
+@click.option("--enable-prefix-caching/--no-enable-prefix-caching", "prefix_caching", default=True, show_default=True,
+              help="Reuse the KV blocks of prompt prefixes already computed (not in sharded serving).")
 def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model_name: str | None, max_model_len: int | None,
           max_num_seqs: int, max_num_batched_tokens: int, block_size: int, kv_cache_gib: float | None, gpu_memory_utilization: float,
-          act_quant: bool, backend: str) -> None:
+          act_quant: bool, backend: str, prefix_caching: bool) -> None:
     """Serve checkpoint CKPT (a source checkpoint or a `quantkit convert` output) over HTTP.
 
     A `quantkit shard --ep N [--tp T]` output is served expert (and tensor) parallel, one process per
@@ -46,7 +48,7 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
         server = build(ckpt, host=host, port=port, device=_device(device), dtype=dtype, model_name=served_model_name,
                        max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                        block_size=block_size, kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization,
-                       act_quant=act_quant, backend=backend)
+                       act_quant=act_quant, backend=backend, prefix_caching=prefix_caching)
     except (CheckpointError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:

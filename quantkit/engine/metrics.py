@@ -20,6 +20,8 @@ def render(engine: LLMEngine, model_name: str) -> str:
     metric("kv_cache_usage_perc", "gauge", "Share of KV cache blocks in use (1 = all).", [("", round(engine.kv_usage, 6))])
     metric("prompt_tokens_total", "counter", "Prompt tokens prefilled.", [("", s.prompt_tokens)])
     metric("generation_tokens_total", "counter", "Tokens generated.", [("", s.generation_tokens)])
+    metric("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.", [("", s.prefix_queries)])
+    metric("prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache (not computed again).", [("", s.prefix_hits)])
     metric("num_preemptions_total", "counter", "Requests preempted (recomputed later) for KV cache room.", [("", s.preemptions)])
     metric("engine_steps_total", "counter", "Batches run.", [("", s.steps)])
     metric("request_success_total", "counter", "Finished requests by finish reason.",

@@ -327,7 +327,8 @@ def kv_blocks(model, block_size: int, memory_bytes: int, max_tokens: int) -> int
 def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str = "cpu", dtype: str = "bfloat16",
           model_name: str | None = None, max_model_len: int | None = None, max_num_seqs: int = 64,
           max_num_batched_tokens: int = 2048, block_size: int = 16, kv_cache_gib: float | None = None,
-          gpu_memory_utilization: float = 0.9, act_quant: bool = True, backend: str = "auto") -> Server | Worker:
+          gpu_memory_utilization: float = 0.9, act_quant: bool = True, backend: str = "auto",
+          prefix_caching: bool = True) -> Server | Worker:
     """Load the checkpoint and bind the server (not serving yet: ``serve()`` or ``start_background()``).
 
     KV cache: ``kv_cache_gib`` when given; otherwise on CUDA what ``gpu_memory_utilization`` of the
@@ -372,7 +373,7 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
     if rank > 0:
         return Worker(model, model.new_cache(blocks, block_size), ctrl, rank)
     text = ModelText(path, model.config)
-    engine = LLMEngine(model, blocks, block_size, max_num_seqs, max_num_batched_tokens, max_len, text.eos_ids)
+    engine = LLMEngine(model, blocks, block_size, max_num_seqs, max_num_batched_tokens, max_len, text.eos_ids, prefix_caching)
     server = Server((host, port), engine, text, model_name or root.resolve().name)
     if ctrl is not None:
         engine.on_step = distributed.broadcaster(ctrl)

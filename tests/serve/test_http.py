@@ -294,3 +294,18 @@ def test_logit_bias_and_penalties_reach_the_sampler(server, model):
                                       "repetition_penalty": 1.3, "logit_bias": {"77": 3}})[1]
     assert got["choices"][0]["logprobs"]["tokens"] == [s.text.token_str(t) for t in want]
     assert want != recompute(model("qwen3"), ids, 6)  # the penalties changed something
+
+
+def test_requests_sharing_a_system_prompt_reuse_its_blocks(server):
+    s = server("qwen3")
+    system = {"role": "system", "content": "You are a terse assistant. " * 6}
+    hits = s.engine.stats.prefix_hits
+    outs = []
+    for q in ("Hi", "Hello"):
+        body = {"messages": [system, {"role": "user", "content": q}], "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+        outs.append(call(s, "/v1/chat/completions", body))
+    assert [st for st, _ in outs] == [200, 200]
+    found = s.engine.stats.prefix_hits - hits
+    assert found >= 32  # the system turn is over 40 tokens: at least four whole 8-token blocks
+    text = call(s, "/metrics")[1]
+    assert f'quantkit:prefix_cache_hits_total{{model_name="{s.model_name}"}} {s.engine.stats.prefix_hits}' in text

@@ -219,8 +219,7 @@ def main() -> None:
                 run_http(server, prompts[:1], argparse.Namespace(gen=4))
                 row["http_tok_s"] = c * a.gen / run_http(server, prompts, a)
             finally:
-                server.shutdown()
-                server.server_close()
+                server.close()
                 del eng, server
         rows.append(row)
         log(json.dumps(row))

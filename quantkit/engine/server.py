@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import queue
+import socket
 import sys
 import threading
 import time
@@ -142,11 +143,37 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], engine: LLMEngine, text: ModelText, model_name: str) -> None:
+        self._conns: dict[threading.Thread, object] = {}  # set first: a failed bind calls server_close
+        self._conn_lock = threading.Lock()
+        self._background: threading.Thread | None = None
         super().__init__(address, Handler)
         self.engine, self.text, self.model_name = engine, text, model_name
         self.loop = EngineLoop(engine)
         self.started = int(time.time())
         self.ctrl = None  # the control group of expert-parallel serving (rank 0 broadcasts each step on it)
+
+    # Connections a client keeps open (HTTP/1.1 keep-alive) hold a handler thread in a read.  Closing
+    # the server shuts them down and waits for those threads, so none wakes during interpreter exit.
+    def process_request_thread(self, request, client_address) -> None:
+        with self._conn_lock:
+            self._conns[threading.current_thread()] = request
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._conn_lock:
+                self._conns.pop(threading.current_thread(), None)
+
+    def server_close(self) -> None:
+        super().server_close()
+        with self._conn_lock:
+            open_now = list(self._conns.items())
+        for _, conn in open_now:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for thread, _ in open_now:
+            thread.join(timeout=5)
 
     def serve(self) -> None:
         self.loop.start()
@@ -161,10 +188,18 @@ class Server(ThreadingHTTPServer):
                 stop_workers(self.ctrl)
 
     def start_background(self) -> threading.Thread:
-        """Serve from a background thread (tests, notebooks); ``shutdown()`` stops it."""
-        t = threading.Thread(target=self.serve, name="quantkit-http", daemon=True)
+        """Serve from a background thread (tests, notebooks); :meth:`close` stops it."""
+        t = self._background = threading.Thread(target=self.serve, name="quantkit-http", daemon=True)
         t.start()
         return t
+
+    def close(self) -> None:
+        """Stop a background server and wait for it: the HTTP loop, then the engine thread (``serve``'s
+        finally), then open connections.  No thread of it is left to run into interpreter exit."""
+        self.shutdown()
+        if self._background is not None:
+            self._background.join(timeout=60)
+        self.server_close()
 
     @property
     def url(self) -> str:

@@ -32,8 +32,7 @@ def server(ckpt):
 
     yield get
     for s in made.values():
-        s.shutdown()
-        s.server_close()
+        s.close()
 
 
 def call(s, path: str, body: dict | str | None = None) -> tuple[int, dict | str]:

@@ -11,6 +11,10 @@ When a running request needs a KV block and none is free, the most recently admi
 preempted: its blocks are released and it goes back to the front of the queue, to be recomputed
 from its prompt and the tokens it already produced (vLLM's recompute preemption).
 
+Prefix caching (vLLM's automatic prefix caching): once a request's block of tokens is full and
+written, it is indexed under a hash of its tokens chained with all before them; a request being
+admitted starts on the cached blocks of its longest indexed prefix (:class:`.kv_cache.KVCache`).
+
 Only the rows that are sampled (each request's last computed token) and, for requests that asked for
 prompt logprobs (``echo``), its prompt rows go through the LM head.  Sampling and logprobs are
 in :mod:`.sampling`; text, stop strings and streaming deltas in :mod:`.text`.

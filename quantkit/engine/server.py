@@ -94,6 +94,12 @@ class EngineLoop(threading.Thread):
                 self.sinks.pop(r, None)
 
     def run(self) -> None:
+        try:
+            self._loop()
+        finally:  # stopped (or broken): requests still running end with an error, so their handlers return
+            self._fail_all(RuntimeError("the server is shutting down"))
+
+    def _loop(self) -> None:
         while not self.stopping:
             try:  # block while idle; while there is work, only take what is already there
                 msg = self.inbox.get() if not self.engine.has_work() else self.inbox.get_nowait()
@@ -114,7 +120,7 @@ class EngineLoop(threading.Thread):
                     advanced = self.engine.step()
             except Exception as e:  # a failed step fails its requests, the server stays up
                 traceback.print_exc(file=sys.stderr)
-                self._fail_all(e)
+                self._fail_all(RuntimeError(f"the engine failed on this batch: {e}"))
                 continue
             for r in advanced:
                 self._post(r)
@@ -288,7 +294,7 @@ class Handler(BaseHTTPRequestHandler):
         while left:
             d = out.get()
             if isinstance(d, Exception):
-                raise RuntimeError(f"the engine failed on this batch: {d}")
+                raise RuntimeError(str(d))
             left -= d.finish_reason is not None
             yield d
 

@@ -308,3 +308,26 @@ def test_requests_sharing_a_system_prompt_reuse_its_blocks(server):
     assert found >= 32  # the system turn is over 40 tokens: at least four whole 8-token blocks
     text = call(s, "/metrics")[1]
     assert f'quantkit:prefix_cache_hits_total{{model_name="{s.model_name}"}} {s.engine.stats.prefix_hits}' in text
+
+
+def test_closing_the_server_ends_open_streams(ckpt):
+    """A stream still running when the server closes gets an error event and its connection ends; close()
+    returns at once (no handler left waiting for deltas that will not come)."""
+    import socket
+    import time
+
+    s = build(str(ckpt("qwen3")), port=0, dtype="float32", act_quant=False, max_model_len=256, kv_cache_gib=0.01)
+    s.start_background()
+    body = json.dumps({"prompt": "x", "max_tokens": 250, "ignore_eos": True, "stream": True}).encode()
+    with socket.create_connection(s.server_address[:2], timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        got = b""
+        while b"data: " not in got:
+            got += sock.recv(4096)
+        t = time.perf_counter()
+        s.close()
+        assert time.perf_counter() - t < 4
+        while chunk := sock.recv(65536):
+            got += chunk
+    assert b"the server is shutting down" in got  # 250 tokens take far longer than the first one

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import queue
+import select
 import socket
 import sys
 import threading
@@ -40,6 +41,10 @@ class Delta:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its response was ready."""
 
 
 class EngineLoop(threading.Thread):
@@ -276,6 +281,8 @@ class Handler(BaseHTTPRequestHandler):
             self._error(proto.ProtocolError(str(e)))
         except RuntimeError as e:
             self._error(proto.ProtocolError(str(e), 500))
+        except ClientGone:
+            self.close_connection = True
 
     # --- requests --------------------------------------------------------------------------------
     def _run(self, prompts: list[list[int]], params: SamplingParams, n: int, bounded: bool, detok) -> tuple[list, queue.Queue]:
@@ -289,10 +296,31 @@ class Handler(BaseHTTPRequestHandler):
         out: queue.Queue = queue.Queue()
         return self.server.loop.submit(items, out), out
 
+    def _client_gone(self) -> bool:
+        """Whether the client closed its connection (readable with nothing to read); a request body it
+        pipelines after this one counts as still there."""
+        try:
+            ready, _, _ = select.select([self.connection], [], [], 0)
+            return bool(ready) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
     def _deltas(self, reqs: list[Request], out: queue.Queue):
-        left = len(reqs)
+        """The requests' deltas as the engine posts them.  A client that goes away while waiting for a
+        whole response has its requests aborted (a stream notices when a write fails)."""
+        left, checked = len(reqs), time.monotonic()
         while left:
-            d = out.get()
+            try:
+                d = out.get(timeout=0.1)
+            except queue.Empty:
+                d = None
+            if time.monotonic() - checked >= 0.1:  # deltas may come every step: look at the client on a clock
+                checked = time.monotonic()
+                if self._client_gone():
+                    self.server.loop.abort([r for r in reqs if not r.finished])
+                    raise ClientGone
+            if d is None:
+                continue
             if isinstance(d, Exception):
                 raise RuntimeError(str(d))
             left -= d.finish_reason is not None
@@ -311,7 +339,7 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
             self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, ClientGone):
             self.server.loop.abort([r for r in reqs if not r.finished])
         except RuntimeError as e:
             err = proto.ProtocolError(str(e), 500).body()

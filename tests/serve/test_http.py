@@ -331,3 +331,26 @@ def test_closing_the_server_ends_open_streams(ckpt):
         while chunk := sock.recv(65536):
             got += chunk
     assert b"the server is shutting down" in got  # 250 tokens take far longer than the first one
+
+
+def test_a_client_that_leaves_before_its_response_is_aborted(ckpt):
+    import socket
+    import time
+
+    s = build(str(ckpt("qwen3")), port=0, dtype="float32", act_quant=False, max_model_len=4096, kv_cache_gib=0.05)
+    s.start_background()
+    try:
+        body = json.dumps({"prompt": "x", "max_tokens": 4000, "ignore_eos": True}).encode()  # not streamed: seconds of work
+        with socket.create_connection(s.server_address[:2], timeout=30) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            while not s.engine.running:
+                time.sleep(0.01)
+        for _ in range(100):
+            if s.engine.stats.finished:
+                break
+            time.sleep(0.05)
+        assert s.engine.stats.finished == {"abort": 1} and s.engine.stats.generation_tokens < 4000
+        assert not s.engine.running and len(s.engine.cache.free_blocks) == s.engine.cache.num_blocks
+    finally:
+        s.close()

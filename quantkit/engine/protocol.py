@@ -7,7 +7,7 @@ a list of lists of ids), ``max_tokens`` (default 16; null: up to the context len
 ``stop_token_ids``, ``ignore_eos``, ``include_stop_str_in_output``, ``skip_special_tokens``.
 Chat (``/v1/chat/completions``): ``messages`` and the same sampling fields, with ``max_tokens`` or
 ``max_completion_tokens``, ``logprobs`` (bool) and ``top_logprobs``.  Both take ``presence_penalty``,
-``frequency_penalty``, ``logit_bias`` and vLLM's ``repetition_penalty``.  Fields the engine does not
+``frequency_penalty``, ``logit_bias`` and vLLM's ``repetition_penalty`` and ``min_tokens``.  Fields the engine does not
 implement (``best_of`` > n, ``suffix``, tools) are refused with a 400 naming them, never silently
 ignored.
 """
@@ -107,13 +107,13 @@ def sampling(body: dict, *, chat: bool) -> tuple[SamplingParams, int, bool]:
     echo = bool(body.get("echo", False)) and not chat
     try:
         params = SamplingParams(
-            max_tokens=max_tokens if max_tokens is not None else 0, temperature=_num(body, "temperature", 1.0, float, 0, 2),
+            max_tokens=max_tokens if max_tokens is not None else _num(body, "min_tokens", 0, int), temperature=_num(body, "temperature", 1.0, float, 0, 2),
             top_p=_num(body, "top_p", 1.0), top_k=_num(body, "top_k", -1, int), seed=_num(body, "seed", None, int, -(2**63), 2**64 - 1),
             stop=_stop(body), stop_token_ids=_ids(body, "stop_token_ids"), ignore_eos=bool(body.get("ignore_eos", False)),
             logprobs=logprobs, prompt_logprobs=logprobs if (echo and logprobs is not None) else None,
             include_stop_str=bool(body.get("include_stop_str_in_output", False)),
             presence_penalty=_num(body, "presence_penalty", 0.0), frequency_penalty=_num(body, "frequency_penalty", 0.0),
-            repetition_penalty=_num(body, "repetition_penalty", 1.0), logit_bias=_bias(body))
+            repetition_penalty=_num(body, "repetition_penalty", 1.0), logit_bias=_bias(body), min_tokens=_num(body, "min_tokens", 0, int))
     except ValueError as e:
         raise ProtocolError(str(e)) from None
     return params, n, max_tokens is not None

@@ -39,6 +39,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # minus this times how often a token was generated
     repetition_penalty: float = 1.0  # a prompt or generated token's logit divided by it (times it when negative)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    min_tokens: int = 0  # no end of sequence, stop token or stop string before this many tokens
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0:
@@ -60,6 +61,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if not 0 < self.repetition_penalty <= 2:
             raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens = {self.max_tokens}], got {self.min_tokens}")
         if any(not -100 <= b <= 100 for _, b in self.logit_bias):
             raise ValueError("logit_bias values must be in [-100, 100]")
 
@@ -117,10 +120,14 @@ def adjust(logits: torch.Tensor, params: SamplingParams, prompt: list[int], outp
     return x
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator, prompt: list[int] = (), output: list[int] = ()) -> int:
-    """One token id from float32 logits [V] (on the CPU); ``prompt`` and ``output`` feed the penalties."""
+def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator, prompt: list[int] = (), output: list[int] = (),
+           banned: tuple[int, ...] = ()) -> int:
+    """One token id from float32 logits [V] (on the CPU); ``prompt`` and ``output`` feed the penalties;
+    ``banned`` ids cannot be drawn (the end-of-sequence ids before ``min_tokens``)."""
     if params.adjusts:
         logits = adjust(logits, params, list(prompt), list(output))
+    if banned:
+        logits = logits.index_fill(0, torch.tensor(banned, dtype=torch.int64), float("-inf"))
     if params.greedy:
         return int(torch.argmax(logits))
     x = _truncate(logits / params.temperature, params.top_k, params.top_p)

@@ -310,14 +310,16 @@ class LLMEngine:
             r.prompt_logprobs.append(None)  # a one-token prompt
         if len(r.output) >= p.max_tokens:  # max_tokens 0: the prompt's logprobs only
             return self._finish(r, "length")
-        t = sample(logits, p, r.gen, r.prompt, r.output)
+        early = len(r.output) < p.min_tokens  # no stop of any kind yet
+        banned = (() if p.ignore_eos else self.eos_ids) + p.stop_token_ids if early else ()
+        t = sample(logits, p, r.gen, r.prompt, r.output, banned)
         r.output.append(t)
         self.stats.generation_tokens += 1
         if r.first_token_time is None:
             r.first_token_time = now
         if p.logprobs is not None:
             r.logprobs += logprobs_at(logits.view(1, -1), torch.tensor([t]), p.logprobs)
-        hit = r.detok.add(t) if r.detok is not None else None
+        hit = r.detok.add(t, check_stop=not early) if r.detok is not None else None
         if hit is not None:
             r.stop_reason = hit
             return self._finish(r, "stop")

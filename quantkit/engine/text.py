@@ -38,8 +38,9 @@ class Detokenizer:
         self._sent = 0
         self.final = self.stopped = False
 
-    def add(self, token: int) -> str | None:
-        """Append one token; the stop string it completed, if any (the text then ends before it)."""
+    def add(self, token: int, check_stop: bool = True) -> str | None:
+        """Append one token; the stop string it completed, if any (the text then ends before it).
+        ``check_stop`` False (before ``min_tokens``): no stop string is looked for in this token's text."""
         self.ids.append(token)
         before = self.tok.decode(self.ids[self._prefix:self._read], skip_special_tokens=self.skip)
         now = self.tok.decode(self.ids[self._prefix:], skip_special_tokens=self.skip)
@@ -48,7 +49,7 @@ class Detokenizer:
         old = len(self.text)
         self.text += now[len(before):]
         self._prefix, self._read = self._read, len(self.ids)
-        if not self.stop:
+        if not self.stop or not check_stop:
             return None
         start = max(0, old - self.hold)
         found = [(i, s) for s in self.stop if (i := self.text.find(s, start)) >= 0]

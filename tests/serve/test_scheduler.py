@@ -169,3 +169,26 @@ def test_abort_frees_the_cache(model):
     assert len(eng.cache.free_blocks) < 16
     eng.abort(r)
     assert r.finish_reason == "abort" and len(eng.cache.free_blocks) == 16 and not eng.has_work()
+
+
+def test_min_tokens_hold_back_every_stop(model):
+    """Before min_tokens the end-of-sequence and stop ids cannot be drawn: greedy then takes the best other
+    token (the judge: the cache-less argmax with those ids removed), and stops at the first one after."""
+    m = model("qwen3")
+    free = recompute(m, PROMPTS[1], 6)
+    eos, stop_id = free[0], free[1]
+    eng = LLMEngine(m, num_blocks=64, block_size=4, eos_ids=(eos,))
+    r = eng.add_request(PROMPTS[1], SamplingParams(max_tokens=6, temperature=0, min_tokens=3, stop_token_ids=(stop_id,)))
+    eng.run_all()
+    seq, want = list(PROMPTS[1]), []
+    while len(want) < 6:
+        logits = prefill_logits(m, [seq])[0][-1]
+        if len(want) < 3:
+            logits[[eos, stop_id]] = float("-inf")
+        want.append(int(logits.argmax()))
+        seq.append(want[-1])
+        if len(want) > 3 and want[-1] in (eos, stop_id):
+            break
+    assert r.output == want and eos not in r.output[:3] and stop_id not in r.output[:3]
+    with pytest.raises(ValueError, match="min_tokens must be in"):
+        SamplingParams(max_tokens=2, min_tokens=3)

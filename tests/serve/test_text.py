@@ -148,3 +148,10 @@ def test_bias_and_penalties_by_hand():
     assert torch.allclose(neg, torch.tensor([-3.0, 1.0]))  # a negative logit is multiplied
     assert torch.equal(logits, torch.tensor([2.0, -1.0, 0.5, 3.0]))  # the model's logits are left as they were
     assert sample(logits, SamplingParams(temperature=0, logit_bias=((1, 5.0),)), torch.Generator()) == 1
+
+
+def test_stop_strings_wait_for_min_tokens(ckpt):
+    t = text_of(ckpt("qwen3"))
+    ids = t.encode("one two three")
+    d = Detokenizer(t.tok, stop=("two",))
+    assert all(d.add(i, check_stop=False) is None for i in ids) and d.text == "one two three"

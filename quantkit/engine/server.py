@@ -3,8 +3,9 @@
 One engine thread owns the model and the KV cache and steps the continuous batch; HTTP handler
 threads (the standard library's threading server) parse requests, hand them to the engine thread
 and stream back what it produces.  Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``
-(each with ``"stream": true`` as server-sent events), ``GET /v1/models``, ``GET /health``,
-``GET /metrics`` (Prometheus text).  A client that disconnects mid-stream has its requests aborted.
+(each with ``"stream": true`` as server-sent events), vLLM's ``POST /tokenize`` and ``/detokenize``,
+``GET /v1/models``, ``GET /health``, ``GET /version``, ``GET /metrics`` (Prometheus text).  A client
+that disconnects before its response is done has its requests aborted.
 """
 
 from __future__ import annotations
@@ -260,6 +261,10 @@ class Handler(BaseHTTPRequestHandler):
             card = {"id": s.model_name, "object": "model", "created": s.started, "owned_by": "quantkit",
                     "root": str(s.text.root), "max_model_len": s.engine.max_model_len}
             return self._send(200, {"object": "list", "data": [card]})
+        if self.path == "/version":
+            from .. import __version__
+
+            return self._send(200, {"version": __version__})
         if self.path == "/metrics":
             from .metrics import render
 
@@ -269,7 +274,8 @@ class Handler(BaseHTTPRequestHandler):
         self._error(proto.ProtocolError(f"no route GET {self.path}", 404))
 
     def do_POST(self) -> None:
-        routes = {"/v1/completions": self._completions, "/v1/chat/completions": self._chat}
+        routes = {"/v1/completions": self._completions, "/v1/chat/completions": self._chat, "/tokenize": self._tokenize,
+                  "/detokenize": self._detokenize}
         if self.path not in routes:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             return self._error(proto.ProtocolError(f"no route POST {self.path}", 404))
@@ -283,6 +289,24 @@ class Handler(BaseHTTPRequestHandler):
             self._error(proto.ProtocolError(str(e), 500))
         except ClientGone:
             self.close_connection = True
+
+    def _tokenize(self, body: dict) -> None:
+        """vLLM's ``/tokenize``: a ``prompt`` (text, encoded as completions encode it) or chat ``messages``."""
+        t = self.server.text
+        if "messages" in body:
+            ids = t.encode_chat(proto.messages(body), add_generation_prompt=bool(body.get("add_generation_prompt", True)))
+        elif isinstance(body.get("prompt"), str):
+            ids = t.encode(body["prompt"])
+        else:
+            raise proto.ProtocolError("'prompt' (a string) or 'messages' is needed", param="prompt")
+        self._send(200, {"tokens": ids, "count": len(ids), "max_model_len": self.server.engine.max_model_len})
+
+    def _detokenize(self, body: dict) -> None:
+        ids = body.get("tokens")
+        vocab = self.server.engine.model.embed_tokens.shape[0]
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids):
+            raise proto.ProtocolError(f"'tokens' must be a list of token ids in [0, {vocab})", param="tokens")
+        self._send(200, {"prompt": self.server.text.decode(ids, skip_special_tokens=False)})
 
     # --- requests --------------------------------------------------------------------------------
     def _run(self, prompts: list[list[int]], params: SamplingParams, n: int, bounded: bool, detok) -> tuple[list, queue.Queue]:

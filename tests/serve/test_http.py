@@ -354,3 +354,17 @@ def test_a_client_that_leaves_before_its_response_is_aborted(ckpt):
         assert not s.engine.running and len(s.engine.cache.free_blocks) == s.engine.cache.num_blocks
     finally:
         s.close()
+
+
+def test_tokenize_detokenize_and_version(server):
+    from quantkit import __version__
+
+    s = server("qwen3")
+    status, r = call(s, "/tokenize", {"prompt": "Hello world"})
+    assert status == 200 and r["tokens"] == s.text.encode("Hello world") and r["count"] == len(r["tokens"])
+    msgs = [{"role": "user", "content": "Hi"}]
+    assert call(s, "/tokenize", {"messages": msgs})[1]["tokens"] == s.text.encode_chat(msgs)
+    assert call(s, "/detokenize", {"tokens": r["tokens"]}) == (200, {"prompt": "Hello world"})
+    assert call(s, "/detokenize", {"tokens": [10**7]})[0] == 400
+    assert call(s, "/tokenize", {"prompt": 5})[0] == 400
+    assert call(s, "/version") == (200, {"version": __version__})

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from quantkit.engine import prefill_logits
-from quantkit.engine.server import build
+from quantkit.engine.launch import build
 
 from .test_scheduler import recompute
 

@@ -1,0 +1,89 @@
+"""Setting up ``quantkit serve``: load the checkpoint (whole, or this process's rank of a ``quantkit
+shard`` output), size the KV cache, and bind the HTTP server (rank 0) or a follower (other ranks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .scheduler import LLMEngine
+from .server import Server
+from .text import ModelText
+
+
+def kv_blocks(model, block_size: int, memory_bytes: int, max_tokens: int) -> int:
+    """KV cache blocks that fit ``memory_bytes``, at most what ``max_tokens`` cached tokens need."""
+    per_token = sum(int(torch.Size(shape).numel()) for spec in model.cache_specs() for shape in spec.values()) * model.dtype.itemsize
+    fit = memory_bytes // (per_token * block_size)
+    return int(max(1, min(fit, -(-max_tokens // block_size))))
+
+
+def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str = "cpu", dtype: str = "bfloat16",
+          model_name: str | None = None, max_model_len: int | None = None, max_num_seqs: int = 64,
+          max_num_batched_tokens: int = 2048, block_size: int = 16, kv_cache_gib: float | None = None,
+          gpu_memory_utilization: float = 0.9, act_quant: bool = True, backend: str = "auto",
+          prefix_caching: bool = True) -> Server | Worker:
+    """Load the checkpoint and bind the server (not serving yet: ``serve()`` or ``start_background()``).
+
+    KV cache: ``kv_cache_gib`` when given; otherwise on CUDA what ``gpu_memory_utilization`` of the
+    device leaves after the weights, on a CPU 2 GiB; never more than ``max_num_seqs`` full contexts.
+    A ``quantkit shard`` output is served expert (and tensor) parallel, one process per rank under torchrun
+    (:mod:`.distributed`): rank 0 gets the Server, the other ranks a :class:`Worker`."""
+    from . import distributed
+    from .loader import load
+
+    root, man, ctrl, rank = Path(ckpt), distributed.sharded_root(ckpt), None, 0
+    if man is not None:
+        rank, _, path = distributed.launch_info(root, man)
+        dev, ctrl = distributed.init(device)
+        tp = int(man["parallel"].get("tp", 1))
+        tp_group = distributed.tp_groups(int(man["parallel"]["world_size"]), tp) if tp > 1 else None
+        model = load(path, dev, getattr(torch, dtype), act_quant=act_quant, backend=backend, rank_of_shard=True)
+        distributed.attach(model, None)
+        if tp_group is not None:
+            distributed.attach_tp(model, tp_group)
+    else:
+        path = root
+        model = load(path, device, getattr(torch, dtype), act_quant=act_quant, backend=backend)
+    limit = int(model.config.get("max_position_embeddings", 8192))
+    max_len = min(max_model_len or min(limit, 8192), limit)
+    if kv_cache_gib is not None:
+        budget = int(kv_cache_gib * (1 << 30))
+    elif model.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(model.device)
+        budget = int(free - (1 - gpu_memory_utilization) * total)
+    else:
+        budget = 2 << 30
+    if budget <= 0:
+        raise ValueError(f"no memory left for the KV cache (gpu_memory_utilization {gpu_memory_utilization})")
+    blocks = kv_blocks(model, block_size, budget, max_num_seqs * max_len)
+    if ctrl is not None:
+        blocks = distributed.agree_min(blocks, ctrl)
+    if blocks * block_size < max_len:
+        raise ValueError(f"the KV cache holds {blocks * block_size} tokens, less than max_model_len {max_len}: "
+                         "give it more memory or lower --max-model-len")
+    if rank > 0:
+        return Worker(model, model.new_cache(blocks, block_size), ctrl, rank)
+    text = ModelText(path, model.config)
+    engine = LLMEngine(model, blocks, block_size, max_num_seqs, max_num_batched_tokens, max_len, text.eos_ids, prefix_caching)
+    server = Server((host, port), engine, text, model_name or root.resolve().name)
+    if ctrl is not None:
+        engine.on_step = distributed.broadcaster(ctrl)
+        server.ctrl = ctrl
+    return server
+
+
+class Worker:
+    """A rank > 0 of expert-parallel serving: replays rank 0's steps until rank 0 stops."""
+
+    def __init__(self, model, cache, ctrl, rank: int) -> None:
+        self.model, self.cache, self.ctrl, self.rank = model, cache, ctrl, rank
+
+    def serve(self) -> int:
+        from .distributed import worker_loop
+
+        return worker_loop(self.model, self.cache, self.ctrl)
+
+    def server_close(self) -> None:
+        pass

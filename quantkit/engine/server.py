@@ -206,8 +206,8 @@ class Server(ThreadingHTTPServer):
     def close(self) -> None:
         """Stop a background server and wait for it: the HTTP loop, then the engine thread (``serve``'s
         finally), then open connections.  No thread of it is left to run into interpreter exit."""
-        self.shutdown()
-        if self._background is not None:
+        if self._background is not None:  # shutdown() waits for serve_forever: only where it runs
+            self.shutdown()
             self._background.join(timeout=60)
         self.server_close()
 

@@ -27,11 +27,13 @@ import click
               help="Quantize activations dynamically as the checkpoint's format asks (off: unquantized activations).")
 @click.option("--backend", type=click.Choice(["auto", "torch"]), default="auto", show_default=True,
               help="Kernel backend: auto (fastest available) or torch (the reference ops).")
+@click.option("--api-key", envvar="QUANTKIT_API_KEY", default=None,
+              help="Ask /v1/* requests for 'Authorization: Bearer KEY' (also from $QUANTKIT_API_KEY).")
 @click.option("--enable-prefix-caching/--no-enable-prefix-caching", "prefix_caching", default=True, show_default=True,
               help="Reuse the KV blocks of prompt prefixes already computed (not in sharded serving).")
 def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model_name: str | None, max_model_len: int | None,
           max_num_seqs: int, max_num_batched_tokens: int, block_size: int, kv_cache_gib: float | None, gpu_memory_utilization: float,
-          act_quant: bool, backend: str, prefix_caching: bool) -> None:
+          act_quant: bool, backend: str, api_key: str | None, prefix_caching: bool) -> None:
     """Serve checkpoint CKPT (a source checkpoint or a `quantkit convert` output) over HTTP.
 
     A `quantkit shard --ep N [--tp T]` output is served expert (and tensor) parallel, one process per
@@ -68,6 +70,7 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
         finally:
             _leave_group()
         return
+    server.api_key = api_key
     eng = server.engine
     click.echo(f"serving {server.model_name} on {server.url} (device {eng.model.device}, max_model_len {eng.max_model_len}, "
                f"KV cache {eng.cache.num_blocks} blocks of {eng.cache.block_size} tokens)", err=True)

@@ -10,6 +10,7 @@ that disconnects before its response is done has its requests aborted.
 
 from __future__ import annotations
 
+import hmac
 import json
 import queue
 import select
@@ -161,6 +162,7 @@ class Server(ThreadingHTTPServer):
         self.loop = EngineLoop(engine)
         self.started = int(time.time())
         self.ctrl = None  # the control group of expert-parallel serving (rank 0 broadcasts each step on it)
+        self.api_key: str | None = None  # when set, /v1/* asks for "Authorization: Bearer <key>"
 
     # Connections a client keeps open (HTTP/1.1 keep-alive) hold a handler thread in a read.  Closing
     # the server shuts them down and waits for those threads, so none wakes during interpreter exit.
@@ -251,8 +253,22 @@ class Handler(BaseHTTPRequestHandler):
             raise proto.ProtocolError(f"The model `{model}` does not exist (this server has `{self.server.model_name}`).", 404, "model")
         return body
 
+    def _authorized(self) -> bool:
+        """/v1/* with --api-key: the bearer token must match (vLLM's rule; /health, /metrics, /version stay open)."""
+        key = self.server.api_key
+        if key is None or not self.path.startswith("/v1/"):
+            return True
+        if hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {key}"):
+            return True
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._send(401, {"error": {"message": "Unauthorized: a valid API key is needed", "type": "AuthenticationError",
+                                   "param": None, "code": 401}})
+        return False
+
     def do_GET(self) -> None:
         s = self.server
+        if not self._authorized():
+            return
         if self.path == "/health":
             return self._send(200 if s.loop.is_alive() else 503, "", "text/plain")
         if self.path == "/v1/models":
@@ -272,6 +288,8 @@ class Handler(BaseHTTPRequestHandler):
         self._error(proto.ProtocolError(f"no route GET {self.path}", 404))
 
     def do_POST(self) -> None:
+        if not self._authorized():
+            return
         routes = {"/v1/completions": self._completions, "/v1/chat/completions": self._chat, "/tokenize": self._tokenize,
                   "/detokenize": self._detokenize}
         if self.path not in routes:

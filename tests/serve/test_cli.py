@@ -16,14 +16,15 @@ from quantkit.cli import main
 
 def test_serve_starts_answers_and_stops(ckpt):
     p = subprocess.Popen([sys.executable, "-m", "quantkit", "serve", str(ckpt("qwen3")), "--port", "0", "--device", "cpu",
-                          "--max-model-len", "128", "--kv-cache-gib", "0.01", "--served-model-name", "tiny"],
+                          "--max-model-len", "128", "--kv-cache-gib", "0.01", "--served-model-name", "tiny", "--api-key", "k1"],
                          stderr=subprocess.PIPE, text=True)
     try:
         line = p.stderr.readline()
         m = re.search(r"serving tiny on (http://\S+) ", line)
         assert m, line
         url = m.group(1)
-        req = urllib.request.Request(url + "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 2, "ignore_eos": True}).encode())
+        req = urllib.request.Request(url + "/v1/completions", json.dumps({"prompt": "hi", "max_tokens": 2, "ignore_eos": True}).encode(),
+                                     headers={"Authorization": "Bearer k1"})
         with urllib.request.urlopen(req, timeout=60) as r:
             body = json.loads(r.read())
         assert body["model"] == "tiny" and body["usage"]["completion_tokens"] == 2

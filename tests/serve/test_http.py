@@ -368,3 +368,17 @@ def test_tokenize_detokenize_and_version(server):
     assert call(s, "/detokenize", {"tokens": [10**7]})[0] == 400
     assert call(s, "/tokenize", {"prompt": 5})[0] == 400
     assert call(s, "/version") == (200, {"version": __version__})
+
+
+def test_api_key(server):
+    s = server("qwen3")
+    s.api_key = "sekret"
+    try:
+        status, r = call(s, "/v1/completions", {"prompt": "x", "max_tokens": 1})
+        assert status == 401 and r["error"]["code"] == 401 and call(s, "/v1/models")[0] == 401
+        req = urllib.request.Request(s.url + "/v1/models", headers={"Authorization": "Bearer sekret"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert json.loads(resp.read())["data"][0]["id"] == s.model_name
+        assert call(s, "/health")[0] == 200 and call(s, "/metrics")[0] == 200  # open, as vLLM keeps them
+    finally:
+        s.api_key = None

@@ -48,3 +48,16 @@ def test_errors_raise_the_clients_exceptions(client):
         c.completions.create(model=s.model_name, prompt="x", temperature=5)
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         c.completions.create(model="another-model", prompt="x")
+
+
+def test_the_client_sends_its_api_key(client):
+    s, _ = client
+    s.api_key = "k-123"
+    try:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="k-123", max_retries=0)
+        assert c.models.list().data[0].id == s.model_name
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=s.url + "/v1", api_key="wrong", max_retries=0).models.list()
+        c.close()
+    finally:
+        s.api_key = None

@@ -75,7 +75,7 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
 
 
 class Worker:
-    """A rank > 0 of expert-parallel serving: replays rank 0's steps until rank 0 stops."""
+    """A rank > 0 of sharded serving: replays rank 0's steps until rank 0 stops."""
 
     def __init__(self, model, cache, ctrl, rank: int) -> None:
         self.model, self.cache, self.ctrl, self.rank = model, cache, ctrl, rank

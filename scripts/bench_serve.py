@@ -76,8 +76,6 @@ def prepare(a, log) -> Path:
 
 def step_bytes(model, c: int, ctx: int) -> int:
     """HBM bytes one decode step of c sequences at context ctx must read: weights it uses, and the KV cache."""
-    import torch
-
     from quantkit.engine.layers.moe import MoE
 
     total = 0
@@ -94,8 +92,7 @@ def step_bytes(model, c: int, ctx: int) -> int:
             continue
         total += t.numel() * t.element_size()
     total += model.embed_tokens.shape[1] * model.embed_tokens.element_size() * c  # the embedding rows read
-    per_token = sum(int(torch.Size(s).numel()) for spec in model.cache_specs() for s in spec.values()) * model.dtype.itemsize
-    return total + c * ctx * per_token
+    return total + c * ctx * model.kv_bytes_per_token()
 
 
 def sync(device) -> None:
@@ -105,13 +102,18 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_engine(model, eos, c: int, a, rng):
-    from quantkit.engine.sampling import SamplingParams
+def new_engine(model, eos, c: int, a):
+    """An engine whose cache holds c requests of prompt_len + gen tokens (16-token blocks), prompts prefilled whole."""
     from quantkit.engine.scheduler import LLMEngine
 
-    bs = 16
-    blocks = c * (-(-(a.prompt_len + a.gen) // bs)) + 8
-    eng = LLMEngine(model, blocks, bs, max_num_seqs=c, max_num_batched_tokens=max(8192, a.prompt_len), eos_ids=eos)
+    blocks = c * (-(-(a.prompt_len + a.gen) // 16)) + 8
+    return LLMEngine(model, blocks, 16, max_num_seqs=c, max_num_batched_tokens=max(8192, a.prompt_len), eos_ids=eos)
+
+
+def run_engine(model, eos, c: int, a, rng):
+    from quantkit.engine.sampling import SamplingParams
+
+    eng = new_engine(model, eos, c, a)
     vocab = model.embed_tokens.shape[0]
     prompts = [[rng.randrange(vocab) for _ in range(a.prompt_len)] for _ in range(c)]
     params = SamplingParams(max_tokens=a.gen, temperature=0, ignore_eos=True)
@@ -209,10 +211,7 @@ def main() -> None:
                "decode_step_ms": step * 1e3, "raw_step_ms": raw * 1e3, "engine_over_raw": step / raw,
                "hbm_floor_ms": floor * 1e3, "hbm_share": floor / step, "ttft_ms": ttft * 1e3}
         if not a.no_http:
-            from quantkit.engine.scheduler import LLMEngine
-
-            blocks = c * (-(-(a.prompt_len + a.gen) // 16)) + 8
-            eng = LLMEngine(model, blocks, 16, c, max(8192, a.prompt_len), None, text.eos_ids)
+            eng = new_engine(model, text.eos_ids, c, a)
             server = Server(("127.0.0.1", 0), eng, text, ckpt.name)
             server.start_background()
             try:

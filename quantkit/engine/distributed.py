@@ -190,8 +190,8 @@ def init(device: str) -> tuple[torch.device, object]:
     return dev, ctrl
 
 
-def attach(model, group) -> int:
-    """Give every MoE layer of a rank's model its expert-parallel reduction; the number of MoE layers."""
+def attach(model) -> int:
+    """Give every MoE layer of a rank's model its expert-parallel reduction over all ranks; the number of MoE layers."""
     from .layers.moe import MoE
 
     shard = model.config["quantkit_shard"]
@@ -202,7 +202,7 @@ def attach(model, group) -> int:
     n = 0
     for i, layer in blocks:
         if isinstance(layer.mlp, MoE):
-            layer.mlp.ep = ExpertParallel(shard["experts"][str(i)], n_global, group, model.device)
+            layer.mlp.ep = ExpertParallel(shard["experts"][str(i)], n_global, None, model.device)  # None: the world group
             n += 1
     return n
 
@@ -232,6 +232,7 @@ def worker_loop(model, cache, group) -> int:
     from .scheduler import forward_step
 
     steps = 0
+    head_collective = isinstance(model.lm_head, VocabParallelHead)  # else rank 0 alone needs the logits
     with torch.no_grad():
         while True:
             box = [None]
@@ -242,5 +243,5 @@ def worker_loop(model, cache, group) -> int:
             _, released, order, tokens, rows = msg
             for sid in released:
                 cache.release(sid)
-            forward_step(model, cache, order, tokens, rows)
+            forward_step(model, cache, order, tokens, rows if head_collective else [])
             steps += 1

@@ -14,8 +14,7 @@ from .text import ModelText
 
 def kv_blocks(model, block_size: int, memory_bytes: int, max_tokens: int) -> int:
     """KV cache blocks that fit ``memory_bytes``, at most what ``max_tokens`` cached tokens need."""
-    per_token = sum(int(torch.Size(shape).numel()) for spec in model.cache_specs() for shape in spec.values()) * model.dtype.itemsize
-    fit = memory_bytes // (per_token * block_size)
+    fit = memory_bytes // (model.kv_bytes_per_token() * block_size)
     return int(max(1, min(fit, -(-max_tokens // block_size))))
 
 
@@ -40,7 +39,7 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
         tp = int(man["parallel"].get("tp", 1))
         tp_group = distributed.tp_groups(int(man["parallel"]["world_size"]), tp) if tp > 1 else None
         model = load(path, dev, getattr(torch, dtype), act_quant=act_quant, backend=backend, rank_of_shard=True)
-        distributed.attach(model, None)
+        distributed.attach(model)
         if tp_group is not None:
             distributed.attach_tp(model, tp_group)
     else:

@@ -64,6 +64,10 @@ class CausalLM(nn.Module):
             specs.append(self.mtp.block.self_attn.cache_spec())
         return specs
 
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one token takes in the KV cache, over every attention layer (MTP included)."""
+        return sum(int(torch.Size(shape).numel()) for spec in self.cache_specs() for shape in spec.values()) * self.dtype.itemsize
+
     def new_cache(self, num_blocks: int, block_size: int = 16) -> KVCache:
         """An empty paged KV cache for this model (one entry per attention layer)."""
         return KVCache(self.cache_specs(), num_blocks, block_size, self.dtype, self.device)

@@ -38,12 +38,12 @@ from .text import Detokenizer
 
 
 def forward_step(model: CausalLM, cache, order: list[tuple[Hashable, int]], tokens: torch.Tensor, rows: list[int]) -> torch.Tensor | None:
-    """Allocate the step's cache slots and run the model: logits [len(rows), V] on the CPU, or None
-    when no row is wanted (prefill chunks only: their keys and values go to the cache)."""
+    """Allocate the step's cache slots and run the model: logits float32 [len(rows), V] on the model's
+    device, or None when no row is wanted (prefill chunks only: their keys and values go to the cache)."""
     batch = cache.schedule(dict(order))
     tokens = tokens.to(model.device)
     if rows:
-        return model(tokens, batch.positions, cache, batch, rows=rows).cpu()
+        return model(tokens, batch.positions, cache, batch, rows=rows)
     model.hidden(tokens, batch.positions, cache, batch)
     return None
 
@@ -75,10 +75,6 @@ class Request:
         self.gen = new_generator(self.params.seed)
 
     @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.output
-
-    @property
     def num_tokens(self) -> int:
         return len(self.prompt) + len(self.output)
 
@@ -90,10 +86,6 @@ class Request:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-    @property
-    def text(self) -> str:
-        return self.detok.text if self.detok is not None else ""
 
 
 def block_hash(prev: bytes, tokens: list[int]) -> bytes:
@@ -179,9 +171,11 @@ class LLMEngine:
                 self.released.append(r.id)
 
     # --- scheduling ----------------------------------------------------------------------------
-    def _blocks_needed(self, r: Request, n: int) -> int:
-        have = len(self.cache.tables.get(r.id, ()))
-        return max(0, -(-(r.computed + n) // self.cache.block_size) - have)
+    def _blocks_needed(self, r: Request, n: int, start: int | None = None, held: int = 0) -> int:
+        """New blocks r needs to hold tokens up to start + n (start: r.computed), beyond its table and ``held``
+        more it is about to take (cached prefix blocks)."""
+        have = len(self.cache.tables.get(r.id, ())) + held
+        return max(0, -(-((r.computed if start is None else start) + n) // self.cache.block_size) - have)
 
     def _preempt(self, r: Request) -> None:
         self.running.remove(r)
@@ -235,7 +229,7 @@ class LLMEngine:
             hit = self._prefix_hit(r)
             start = r.computed + len(hit) * bs
             n = min(r.num_tokens - start, budget)
-            new = -(-(start + n) // bs) - len(hit) - len(self.cache.tables.get(r.id, ()))  # blocks to allocate
+            new = self._blocks_needed(r, n, start, len(hit))
             if new + self.cache.reused(hit) > len(self.cache.free_blocks) - reserved:
                 if not self.running and not plan:
                     raise RuntimeError(f"request {r.id}: {n} tokens do not fit an empty KV cache of {self.cache.num_blocks} blocks")
@@ -280,6 +274,7 @@ class LLMEngine:
             self.on_step(self.released, order, tokens, rows)
             self.released = []
         logits = forward_step(self.model, self.cache, order, tokens, rows)
+        top, host = self._to_host(logits, wants)
         now = time.monotonic()
         self.stats.steps += 1
         done = []
@@ -292,11 +287,31 @@ class LLMEngine:
                 self.cache.commit(r.id, r.committed, self._hashes(r, full)[r.committed:])
                 r.committed = full
             if lp_rows:
-                self._prompt_logprobs(r, logits[at:at + len(lp_rows)], lp_rows)
+                self._prompt_logprobs(r, torch.stack([host[i] for i in range(at, at + len(lp_rows))]), lp_rows)
             if sample_now:
-                self._sample(r, logits[at + len(lp_rows)], now)
+                i = at + len(lp_rows)
+                self._sample(r, host.get(i), top[i], now)
             done.append(r)
         return done
+
+    def _needs_row(self, r: Request) -> bool:
+        """Whether sampling r needs its logits row on the host: anything but plain greedy."""
+        p = r.params
+        return not p.greedy or p.adjusts or p.logprobs is not None or len(r.output) < p.min_tokens
+
+    def _to_host(self, logits: torch.Tensor | None, wants: list) -> tuple[list[int], dict[int, torch.Tensor]]:
+        """Every row's argmax, taken on the device in one call, and on the host only the rows that need
+        more (prompt logprobs, non-greedy sampling, penalties, logprobs): a greedy batch moves B ids, not
+        B x vocab floats."""
+        if logits is None:
+            return [], {}
+        need = []
+        for r, at, lp_rows, sample_now in wants:
+            need += range(at, at + len(lp_rows))
+            if sample_now and self._needs_row(r):
+                need.append(at + len(lp_rows))
+        rows = logits[need].cpu() if need else None
+        return logits.argmax(-1).tolist(), {i: rows[k] for k, i in enumerate(need)}
 
     def _prompt_logprobs(self, r: Request, logits: torch.Tensor, positions: list[int]) -> None:
         if not r.prompt_logprobs:
@@ -304,7 +319,8 @@ class LLMEngine:
         nxt = torch.tensor([r.prompt[p + 1] for p in positions])
         r.prompt_logprobs += logprobs_at(logits, nxt, r.params.prompt_logprobs)
 
-    def _sample(self, r: Request, logits: torch.Tensor, now: float) -> None:
+    def _sample(self, r: Request, logits: torch.Tensor | None, argmax: int, now: float) -> None:
+        """The next token of r from its logits row (None where greedy needs only ``argmax``), and its stops."""
         p = r.params
         if p.prompt_logprobs is not None and not r.prompt_logprobs:
             r.prompt_logprobs.append(None)  # a one-token prompt
@@ -312,7 +328,7 @@ class LLMEngine:
             return self._finish(r, "length")
         early = len(r.output) < p.min_tokens  # no stop of any kind yet
         banned = (() if p.ignore_eos else self.eos_ids) + p.stop_token_ids if early else ()
-        t = sample(logits, p, r.gen, r.prompt, r.output, banned)
+        t = argmax if logits is None else sample(logits, p, r.gen, r.prompt, r.output, banned)
         r.output.append(t)
         self.stats.generation_tokens += 1
         if r.first_token_time is None:

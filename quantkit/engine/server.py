@@ -55,7 +55,6 @@ class EngineLoop(threading.Thread):
         self.engine = engine
         self.inbox: queue.Queue = queue.Queue()
         self.sinks: dict[Request, tuple[int, queue.Queue, list[int]]] = {}  # request -> (index, out queue, [tokens sent])
-        self.stopping = False
         self.lock = threading.Lock()  # guards the stats /metrics reads
 
     def submit(self, items: list[tuple[int, list[int], SamplingParams, object]], out: queue.Queue) -> list[Request]:
@@ -73,7 +72,6 @@ class EngineLoop(threading.Thread):
         self.inbox.put(("abort", requests))
 
     def stop(self) -> None:
-        self.stopping = True
         self.inbox.put(("stop",))
 
     def _take(self, msg: tuple) -> None:
@@ -105,7 +103,7 @@ class EngineLoop(threading.Thread):
             self._fail_all(RuntimeError("the server is shutting down"))
 
     def _loop(self) -> None:
-        while not self.stopping:
+        while True:
             try:  # block while idle; while there is work, only take what is already there
                 msg = self.inbox.get() if not self.engine.has_work() else self.inbox.get_nowait()
             except queue.Empty:

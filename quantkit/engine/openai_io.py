@@ -15,9 +15,11 @@ from .protocol import chat_logprobs, completion_logprobs
 from .text import split_harmony
 
 
-def _usage(reqs) -> dict:
-    prompts = {id(r.prompt): len(r.prompt) for r in reqs}
-    p, c = sum(prompts.values()), sum(len(r.output) for r in reqs)
+def _usage(h, reqs) -> dict:
+    """Each prompt's tokens once (its n choices are consecutive, ``h.choices_per_prompt`` of them), and
+    every choice's generated tokens."""
+    p = sum(len(r.prompt) for r in reqs[:: h.choices_per_prompt])
+    c = sum(len(r.output) for r in reqs)
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
@@ -56,7 +58,7 @@ def completion_response(h, rid: str, created: int, reqs, deltas, echo: bool) -> 
             tokens = (r.prompt if echo else []) + r.output[: len(r.logprobs)]
             lp = completion_logprobs(entries, tokens, text.token_str, 0)
         choices.append({"index": i, "text": prefix + body, "logprobs": lp, "finish_reason": r.finish_reason, "stop_reason": r.stop_reason})
-    return {**_head(h, rid, created, "text_completion"), "choices": choices, "usage": _usage(reqs)}
+    return {**_head(h, rid, created, "text_completion"), "choices": choices, "usage": _usage(h, reqs)}
 
 
 def completion_chunks(h, rid: str, created: int, reqs, deltas: Iterable, echo: bool, usage: bool) -> Iterator[dict]:
@@ -80,7 +82,7 @@ def completion_chunks(h, rid: str, created: int, reqs, deltas: Iterable, echo: b
             c["stop_reason"] = d.stop_reason
         yield {**head, "choices": [c]}
     if usage:
-        yield {**head, "choices": [], "usage": _usage(reqs)}
+        yield {**head, "choices": [], "usage": _usage(h, reqs)}
 
 
 def chat_response(h, rid: str, created: int, reqs, deltas, harmony: bool) -> dict:
@@ -93,7 +95,7 @@ def chat_response(h, rid: str, created: int, reqs, deltas, harmony: bool) -> dic
             msg["reasoning_content"] = reasoning
         lp = {"content": chat_logprobs(r.logprobs, text.token_str)} if r.params.logprobs is not None else None
         choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": r.finish_reason, "stop_reason": r.stop_reason})
-    return {**_head(h, rid, created, "chat.completion"), "choices": choices, "usage": _usage(reqs)}
+    return {**_head(h, rid, created, "chat.completion"), "choices": choices, "usage": _usage(h, reqs)}
 
 
 def chat_chunks(h, rid: str, created: int, reqs, deltas: Iterable, harmony: bool, usage: bool) -> Iterator[dict]:
@@ -122,4 +124,4 @@ def chat_chunks(h, rid: str, created: int, reqs, deltas: Iterable, harmony: bool
                 c["stop_reason"] = d.stop_reason
             yield {**head, "choices": [c]}
     if usage:
-        yield {**head, "choices": [], "usage": _usage(reqs)}
+        yield {**head, "choices": [], "usage": _usage(h, reqs)}

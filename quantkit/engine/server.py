@@ -332,6 +332,7 @@ class Handler(BaseHTTPRequestHandler):
                 pj = p if seed == p.seed else replace(p, seed=seed)
                 items.append((pi * n + j, ids, pj, detok(pj)))
         out: queue.Queue = queue.Queue()
+        self.choices_per_prompt = n  # usage counts each prompt once (openai_io)
         return self.server.loop.submit(items, out), out
 
     def _client_gone(self) -> bool:

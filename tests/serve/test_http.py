@@ -98,6 +98,8 @@ def test_stream_gives_the_same_text(server):
     assert [text[i] for i in range(4)] == [c["text"] for c in whole["choices"]]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
     assert whole["choices"][0]["text"] != whole["choices"][1]["text"]  # n = 2: seeds seed and seed + 1
+    prompt_tokens = len(s.text.encode("Once upon")) + len(s.text.encode("a time"))
+    assert whole["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 40, "total_tokens": prompt_tokens + 40}
 
 
 def test_stop_string(server):

@@ -144,8 +144,10 @@ class LLMEngine:
                                f"the maximum context length of {self.max_model_len} tokens")
 
     def add_request(self, prompt: list[int], params: SamplingParams, request_id: str | None = None,
-                    detok: Detokenizer | None = None) -> Request:
-        self.check_request(prompt, params)
+                    detok: Detokenizer | None = None, checked: bool = False) -> Request:
+        """Queue a request (``checked``: the caller ran :meth:`check_request` on it already)."""
+        if not checked:
+            self.check_request(prompt, params)
         r = Request(request_id or f"req-{next(self._ids)}", list(prompt), params, detok)
         self.waiting.append(r)
         return r

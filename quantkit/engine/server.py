@@ -80,7 +80,7 @@ class EngineLoop(threading.Thread):
             try:
                 for _, prompt, params, _ in items:  # check all before queuing any
                     self.engine.check_request(prompt, params)
-                reqs = [self.engine.add_request(p, params, f"{uuid.uuid4().hex}-{i}", detok) for i, p, params, detok in items]
+                reqs = [self.engine.add_request(p, params, f"{uuid.uuid4().hex}-{i}", detok, checked=True) for i, p, params, detok in items]
                 for (i, *_), r in zip(items, reqs):
                     self.sinks[r] = (i, out, [0])
                 box["requests"] = reqs

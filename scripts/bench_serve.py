@@ -104,14 +104,14 @@ def sync(device) -> None:
 
 def new_engine(model, eos, c: int, a):
     """An engine whose cache holds c requests of prompt_len + gen tokens (16-token blocks), prompts prefilled whole."""
-    from quantkit.engine.scheduler import LLMEngine
+    from quantkit.serve.scheduler import LLMEngine
 
     blocks = c * (-(-(a.prompt_len + a.gen) // 16)) + 8
     return LLMEngine(model, blocks, 16, max_num_seqs=c, max_num_batched_tokens=max(8192, a.prompt_len), eos_ids=eos)
 
 
 def run_engine(model, eos, c: int, a, rng):
-    from quantkit.engine.sampling import SamplingParams
+    from quantkit.serve.sampling import SamplingParams
 
     eng = new_engine(model, eos, c, a)
     vocab = model.embed_tokens.shape[0]
@@ -187,8 +187,8 @@ def main() -> None:
 
     import torch
 
-    from quantkit.engine.server import Server
-    from quantkit.engine.text import ModelText
+    from quantkit.serve.server import Server
+    from quantkit.serve.text import ModelText
     from quantkit.engine import load
 
     ckpt = prepare(a, log)

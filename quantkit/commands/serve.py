@@ -43,7 +43,7 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
     GET /v1/models, /health, /metrics.  Requests share the GPU through continuous batching over a
     paged KV cache; prompts longer than --max-num-batched-tokens are prefilled in chunks."""
     from ..checkpoint import CheckpointError
-    from ..engine.launch import build
+    from ..serve.launch import build
     from .eval import _device
 
     try:
@@ -57,7 +57,7 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
         raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     import signal
 
-    from ..engine.launch import Worker
+    from ..serve.launch import Worker
 
     def interrupt(signum, frame):  # SIGTERM (torchrun, service managers) stops as Ctrl-C does
         raise KeyboardInterrupt

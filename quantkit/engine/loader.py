@@ -24,7 +24,7 @@ import torch
 from .. import families
 from ..checkpoint import MANIFEST, Checkpoint, CheckpointError
 from ..kernels.dispatch import AUTO, Dispatcher
-from .distributed import local_config
+from .parallel import local_config
 from .model import CausalLM
 from .models import MODELS
 from .weights import QuantScheme, Weights
@@ -45,7 +45,7 @@ def load(
     ``scale_mn``: fp8-block activation scales written MN-major (None: on CUDA devices; the values and
     the logits are the same either way).  ``rank_of_shard``: ``path`` is one rank directory of ``quantkit
     shard`` (its attention heads and vocabulary share where TP > 1) and the caller runs the other ranks and
-    their collectives (:mod:`.distributed`); refused otherwise."""
+    their collectives (:mod:`.parallel`); refused otherwise."""
     ckpt = Checkpoint(path)
     if ckpt.layout != "root":
         raise CheckpointError(f"{ckpt.root}: the engine reads the HF root layout, not GPT-OSS's original/ folder")

@@ -52,7 +52,7 @@ class CausalLM(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm, self.lm_head = norm, lm_head
         self.mtp = mtp  # DeepSeek's multi-token-prediction layer, cache layer len(layers)
-        self.embed_parallel = None  # tensor parallel: this rank's vocabulary rows (..distributed.VocabParallelEmbedding)
+        self.embed_parallel = None  # tensor parallel: this rank's vocabulary rows (..parallel.VocabParallelEmbedding)
 
     @property
     def device(self) -> torch.device:

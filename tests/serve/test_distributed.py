@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 import torch
 
-from quantkit.engine.text import ModelText
+from quantkit.serve.text import ModelText
 from quantkit.shard import shard
 
 from .test_scheduler import recompute

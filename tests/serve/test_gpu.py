@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from quantkit.engine import load, prefill_logits
-from quantkit.engine.sampling import SamplingParams
-from quantkit.engine.scheduler import LLMEngine
+from quantkit.serve.sampling import SamplingParams
+from quantkit.serve.scheduler import LLMEngine
 
 pytestmark = pytest.mark.gpu
 

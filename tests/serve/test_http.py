@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from quantkit.engine import prefill_logits
-from quantkit.engine.launch import build
+from quantkit.serve.launch import build
 
 from .test_scheduler import recompute
 
@@ -135,7 +135,7 @@ def test_chat_applies_the_template(server, model):
 def test_gpt_oss_chat_splits_harmony_channels(server):
     """The reply's channels are split from the raw text (special tokens kept); with random weights the
     model rarely writes a channel header, so the split is checked on what the server decoded."""
-    from quantkit.engine.text import split_harmony
+    from quantkit.serve.text import split_harmony
 
     s = server("gpt-oss")
     msgs = [{"role": "user", "content": "Hi"}]
@@ -284,7 +284,7 @@ def test_logit_bias_and_penalties_reach_the_sampler(server, model):
     assert banned[0] != s.text.token_str(greedy[0])
     # the penalties see the prompt (repetition) and the tokens generated so far (all three): greedy on the
     # adjusted logits of a cache-less forward, step by step (adjust itself is checked by hand in test_text)
-    from quantkit.engine.sampling import SamplingParams, adjust
+    from quantkit.serve.sampling import SamplingParams, adjust
 
     p = SamplingParams(temperature=0, presence_penalty=1.5, frequency_penalty=0.7, repetition_penalty=1.3, logit_bias=((77, 3.0),))
     seq, want = list(ids), []

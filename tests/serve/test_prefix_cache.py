@@ -4,8 +4,8 @@ its greedy recomputation, with or without hits; the counters say how much was re
 
 from __future__ import annotations
 
-from quantkit.engine.sampling import SamplingParams
-from quantkit.engine.scheduler import LLMEngine
+from quantkit.serve.sampling import SamplingParams
+from quantkit.serve.scheduler import LLMEngine
 
 from .test_scheduler import recompute
 

@@ -11,8 +11,8 @@ from functools import lru_cache
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quantkit.engine.sampling import SamplingParams
-from quantkit.engine.scheduler import LLMEngine
+from quantkit.serve.sampling import SamplingParams
+from quantkit.serve.scheduler import LLMEngine
 
 from .test_scheduler import recompute
 

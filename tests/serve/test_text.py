@@ -11,8 +11,8 @@ import json
 import pytest
 import torch
 
-from quantkit.engine.sampling import SamplingParams, _truncate, adjust, sample
-from quantkit.engine.text import Detokenizer, ModelText, split_harmony
+from quantkit.serve.sampling import SamplingParams, _truncate, adjust, sample
+from quantkit.serve.text import Detokenizer, ModelText, split_harmony
 
 FAMILIES = ["gpt-oss", "deepseek-v3", "qwen3", "qwen3-moe"]
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there, 中文?"},

@@ -180,7 +180,7 @@ class MoE(nn.Module):
     def __init__(self, router: Router, experts: Experts, shared: nn.Module | None = None) -> None:
         super().__init__()
         self.router, self.experts, self.shared = router, experts, shared
-        self.ep = None  # expert parallel (a rank's share of the experts, ..distributed.ExpertParallel)
+        self.ep = None  # expert parallel (a rank's share of the experts, ...parallel.ExpertParallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w, idx = self.router(x)

@@ -1,10 +1,8 @@
-"""Serving the rank directories of ``quantkit shard`` over torch.distributed (expert and tensor parallel).
+"""The model side of sharded serving: a rank's layers over torch.distributed (expert and tensor parallel).
 
-    torchrun --nproc-per-node 4 -m quantkit serve DST        # DST written by quantkit shard --ep 4 [--tp 2]
-
-Process r loads ``DST/rank-r-of-N``: its share of the routed experts, its TP slice of attention,
-dense / shared-expert MLPs, embedding and LM head (``local_config`` gives its head counts), and the
-replicated rest.  Every rank runs every step on the same batch:
+Process r of a ``quantkit shard`` output loads ``DST/rank-r-of-N``: its share of the routed experts, its
+TP slice of attention, dense / shared-expert MLPs, embedding and LM head (``local_config`` gives its
+head counts), and the replicated rest.  Every rank runs every step on the same batch:
 
 * tensor parallel, in the TP group (ranks dp * TP .. dp * TP + TP - 1): ``o_proj`` and dense
   ``down_proj`` are row-parallel (:class:`RowParallel`: partial products summed by a float32
@@ -15,24 +13,18 @@ replicated rest.  Every rank runs every step on the same batch:
   pairs only) and sums the contributions with one float32 all-reduce, before the shared expert is
   added.  DP replicas of the plan all serve the one batch.
 
-Rank 0 owns the scheduler, the sampler and the HTTP server.  Before each forward it broadcasts the
-step (the cache sequences released since the last step, each scheduled sequence's new-token count,
-the token ids and the logit rows) on a gloo group; the other ranks replay it on their own KV cache,
-whose block tables therefore stay identical, and take part in the step's collectives.  NCCL carries
-the collectives on GPUs, gloo on CPUs (what the tests use).
+NCCL carries the collectives on GPUs, gloo on CPUs (what the tests use).  How the ranks are driven
+step by step (rank 0 schedules and broadcasts) is the serving side's: :mod:`quantkit.serve.distributed`.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..checkpoint import MANIFEST, CheckpointError
 from .qlinear import Linear
 
 
@@ -157,27 +149,6 @@ def attach_tp(model, group) -> int:
     return n
 
 
-def sharded_root(path: str | Path) -> dict | None:
-    """The manifest of a ``quantkit shard`` output directory (its ``parallel`` and ``ranks``), else None."""
-    m = Path(path) / MANIFEST
-    if not m.is_file():
-        return None
-    man = json.loads(m.read_text())
-    return man if "parallel" in man and "ranks" in man else None
-
-
-def launch_info(root: Path, man: dict) -> tuple[int, int, Path]:
-    """(rank, world size, rank directory) of this process, from torchrun's environment."""
-    world = man["parallel"]["world_size"]
-    env_world = int(os.environ.get("WORLD_SIZE", "1"))
-    if env_world != world:
-        raise CheckpointError(f"{root} is a {world}-rank checkpoint written by `quantkit shard`: launch one process per rank, "
-                              f"torchrun --nproc-per-node {world} -m quantkit serve {root}  (this launch has {env_world})")
-    rank = int(os.environ["RANK"])
-    entry = next(r for r in man["ranks"] if r["rank"] == rank)
-    return rank, world, root / entry["dir"]
-
-
 def init(device: str) -> tuple[torch.device, object]:
     """Join the process group (NCCL on CUDA, gloo on CPU); this rank's device and a gloo control group."""
     dev = torch.device(device)
@@ -212,36 +183,3 @@ def agree_min(value: int, group) -> int:
     t = torch.tensor([value], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
     return int(t.item())
-
-
-def broadcaster(group):
-    """Rank 0's ``LLMEngine.on_step``: sends each step to the other ranks."""
-
-    def send(released: list, order: list, tokens: torch.Tensor, rows: list[int]) -> None:
-        dist.broadcast_object_list([("step", list(released), order, tokens, rows)], src=0, group=group)
-
-    return send
-
-
-def stop_workers(group) -> None:
-    dist.broadcast_object_list([("stop",)], src=0, group=group)
-
-
-def worker_loop(model, cache, group) -> int:
-    """Ranks > 0: replay rank 0's steps on this rank's model and cache until it stops; the steps run."""
-    from .scheduler import forward_step
-
-    steps = 0
-    head_collective = isinstance(model.lm_head, VocabParallelHead)  # else rank 0 alone needs the logits
-    with torch.no_grad():
-        while True:
-            box = [None]
-            dist.broadcast_object_list(box, src=0, group=group)
-            msg = box[0]
-            if msg[0] == "stop":
-                return steps
-            _, released, order, tokens, rows = msg
-            for sid in released:
-                cache.release(sid)
-            forward_step(model, cache, order, tokens, rows if head_collective else [])
-            steps += 1

@@ -2,7 +2,7 @@
 detokenization with stop strings, and GPT-OSS's Harmony output channels.
 
 - Prompts are encoded as the checkpoint's tokenizer does with special tokens (the BOS a Llama-style
-  ``add_bos_token`` asks for included, :func:`quantkit.eval.data.bos_id`); a rendered chat is
+  ``add_bos_token`` asks for included, :func:`quantkit.tokenizer.bos_id`); a rendered chat is
   encoded without adding any, since the template writes them (vLLM's rule).
 - Chat templates are the checkpoint's own Jinja (``tokenizer_config.json``'s ``chat_template`` or
   ``chat_template.jinja``), rendered in a sandbox with transformers' extras (``raise_exception``,
@@ -105,7 +105,7 @@ class ModelText:
     def __init__(self, ckpt: str | Path, config: dict) -> None:
         from tokenizers import Tokenizer
 
-        from ..eval.data import bos_id
+        from ..tokenizer import bos_id
 
         self.root = Path(ckpt)
         self.family = families.detect(config, str(self.root / "config.json")).name

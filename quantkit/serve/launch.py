@@ -29,19 +29,20 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
     device leaves after the weights, on a CPU 2 GiB; never more than ``max_num_seqs`` full contexts.
     A ``quantkit shard`` output is served expert (and tensor) parallel, one process per rank under torchrun
     (:mod:`.distributed`): rank 0 gets the Server, the other ranks a :class:`Worker`."""
+    from ..engine import parallel
+    from ..engine.loader import load
     from . import distributed
-    from .loader import load
 
     root, man, ctrl, rank = Path(ckpt), distributed.sharded_root(ckpt), None, 0
     if man is not None:
         rank, _, path = distributed.launch_info(root, man)
-        dev, ctrl = distributed.init(device)
+        dev, ctrl = parallel.init(device)
         tp = int(man["parallel"].get("tp", 1))
-        tp_group = distributed.tp_groups(int(man["parallel"]["world_size"]), tp) if tp > 1 else None
+        tp_group = parallel.tp_groups(int(man["parallel"]["world_size"]), tp) if tp > 1 else None
         model = load(path, dev, getattr(torch, dtype), act_quant=act_quant, backend=backend, rank_of_shard=True)
-        distributed.attach(model)
+        parallel.attach(model)
         if tp_group is not None:
-            distributed.attach_tp(model, tp_group)
+            parallel.attach_tp(model, tp_group)
     else:
         path = root
         model = load(path, device, getattr(torch, dtype), act_quant=act_quant, backend=backend)
@@ -58,7 +59,7 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
         raise ValueError(f"no memory left for the KV cache (gpu_memory_utilization {gpu_memory_utilization})")
     blocks = kv_blocks(model, block_size, budget, max_num_seqs * max_len)
     if ctrl is not None:
-        blocks = distributed.agree_min(blocks, ctrl)
+        blocks = parallel.agree_min(blocks, ctrl)
     if blocks * block_size < max_len:
         raise ValueError(f"the KV cache holds {blocks * block_size} tokens, less than max_model_len {max_len}: "
                          "give it more memory or lower --max-model-len")

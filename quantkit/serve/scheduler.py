@@ -13,7 +13,7 @@ from its prompt and the tokens it already produced (vLLM's recompute preemption)
 
 Prefix caching (vLLM's automatic prefix caching): once a request's block of tokens is full and
 written, it is indexed under a hash of its tokens chained with all before them; a request being
-admitted starts on the cached blocks of its longest indexed prefix (:class:`.kv_cache.KVCache`).
+admitted starts on the cached blocks of its longest indexed prefix (:class:`quantkit.engine.kv_cache.KVCache`).
 
 Only the rows that are sampled (each request's last computed token) and, for requests that asked for
 prompt logprobs (``echo``), its prompt rows go through the LM head.  Sampling and logprobs are
@@ -32,20 +32,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .model import CausalLM
+from ..engine.model import CausalLM
+from ..engine.runner import forward_step
 from .sampling import SamplingParams, TokenLogprobs, logprobs_at, new_generator, sample
 from .text import Detokenizer
 
-
-def forward_step(model: CausalLM, cache, order: list[tuple[Hashable, int]], tokens: torch.Tensor, rows: list[int]) -> torch.Tensor | None:
-    """Allocate the step's cache slots and run the model: logits float32 [len(rows), V] on the model's
-    device, or None when no row is wanted (prefill chunks only: their keys and values go to the cache)."""
-    batch = cache.schedule(dict(order))
-    tokens = tokens.to(model.device)
-    if rows:
-        return model(tokens, batch.positions, cache, batch, rows=rows)
-    model.hidden(tokens, batch.positions, cache, batch)
-    return None
 
 
 class RequestError(ValueError):

@@ -45,10 +45,10 @@ def compress(w: torch.Tensor, scheme) -> dict[str, torch.Tensor]:
     from compressed_tensors.compressors.format import infer_module_format
     from compressed_tensors.quantization.utils import calculate_qparams
 
-    lo, hi = _observe(w.float(), scheme.weights)
-    scale, _ = calculate_qparams(lo, hi, scheme.weights)
+    lo, hi = _observe(w, scheme.weights)
+    scale, _ = calculate_qparams(lo, hi, scheme.weights)  # in w's dtype, as llm-compressor's scale parameters
     fmt = infer_module_format(torch.nn.Linear, scheme)
-    out = BaseCompressor.get_value_from_registry(fmt.value).compress({"weight": w, "weight_scale": scale.to(w.dtype) if scale.is_floating_point() and scheme.weights.scale_dtype is None else scale}, scheme)
+    out = BaseCompressor.get_value_from_registry(fmt.value).compress({"weight": w, "weight_scale": scale}, scheme)
     return {k: v.contiguous() for k, v in out.items()}
 
 
@@ -56,9 +56,11 @@ def _is_linear(name: str, t: torch.Tensor) -> bool:
     return name.endswith(".weight") and t.dim() == 2 and "embed_tokens" not in name
 
 
-def make(src: Path, dst: Path, preset: str, ignore: tuple[str, ...] = DEFAULT_IGNORE, static_input: bool = False) -> Path:
+def make(src: Path, dst: Path, preset: str, ignore: tuple[str, ...] = DEFAULT_IGNORE, static_input: bool = False,
+         dtype: torch.dtype = torch.bfloat16) -> Path:
     """A compressed-tensors copy of the BF16 checkpoint ``src`` with every non-ignored Linear in
-    ``preset`` (a compressed-tensors preset scheme name: FP8_BLOCK, FP8, FP8_DYNAMIC, MXFP8, MXFP4)."""
+    ``preset`` (a compressed-tensors preset scheme name: FP8_BLOCK, FP8, FP8_DYNAMIC, MXFP8, MXFP4).
+    ``dtype``: the weights' dtype when compressed, which float scales take (BF16 or F32)."""
     from compressed_tensors import __version__
     from compressed_tensors.compressors.format import infer_module_format
     from compressed_tensors.quantization import QuantizationConfig, QuantizationScheme, preset_name_to_scheme
@@ -76,7 +78,7 @@ def make(src: Path, dst: Path, preset: str, ignore: tuple[str, ...] = DEFAULT_IG
             if not _is_linear(name, t) or any(match_name(module, i) for i in ignore):
                 out[name] = t
                 continue
-            out.update({f"{module}.{k}": v for k, v in compress(t, scheme).items()})
+            out.update({f"{module}.{k}": v for k, v in compress(t.to(dtype), scheme).items()})
             if static_input:  # the FP8 preset's static activation scale (what calibration would leave)
                 out[f"{module}.input_scale"] = torch.ones(1, dtype=torch.float32)
         save_file(out, dst / f.name, metadata={"format": "pt"})

@@ -24,6 +24,8 @@ from pathlib import Path
 
 from .. import families
 
+# what render_chat itself gives a chat template: a request's chat_template_kwargs cannot set these
+TEMPLATE_VARIABLES = ("messages", "add_generation_prompt", "bos_token", "eos_token")
 HARMONY_MARKERS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>", "<|constrain|>", "<|endoftext|>")
 
 
@@ -147,11 +149,21 @@ class ModelText:
             raise ValueError(f"{self.root} has no tokenizer.json: {what} needs one (send token ids instead)")
         return self.tok
 
-    def encode(self, text: str) -> list[int]:
-        ids = self._need_tokenizer("a text prompt").encode(text, add_special_tokens=True).ids
-        if self.bos is not None and (not ids or ids[0] != self.bos):
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """A text prompt's ids; ``add_special_tokens`` False: without the BOS (and whatever else the tokenizer's
+        post-processor adds), as lm-eval's remote tokenizer asks for pieces of a prompt."""
+        ids = self._need_tokenizer("a text prompt").encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens and self.bos is not None and (not ids or ids[0] != self.bos):
             ids = [self.bos, *ids]
         return ids
+
+    def tokenizer_info(self, max_model_len: int) -> dict:
+        """vLLM's ``/tokenizer_info``: the special tokens and the chat template (lm-eval's remote tokenizer reads them)."""
+        self._need_tokenizer("/tokenizer_info")
+        info = {k: v for k, v in self.tok_config.items() if isinstance(v, (str, int, float, bool)) and k != "chat_template"}
+        info.update({f"{name}_token": self._special(f"{name}_token") for name in ("bos", "eos", "pad", "unk")})
+        return {**info, "tokenizer_class": self.tok_config.get("tokenizer_class", "PreTrainedTokenizerFast"),
+                "chat_template": self.chat_template, "model_max_length": max_model_len, "vocab_size": self.tok.get_vocab_size()}
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
         if self.chat_template is None:

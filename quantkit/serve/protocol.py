@@ -70,9 +70,8 @@ def explain(e: ValidationError) -> ProtocolError:
     if kind == "missing":
         return ProtocolError(f"'{where}' is required", param=where)
     shown = _cut(err.get("input"))
-    what = _KINDS.get(kind)
-    message = f"'{where}' must be {what}, got {shown}" if what else f"'{where}': {err['msg']}"
-    return ProtocolError(message if where else f"the request body {message[4:]}", param=where or None)
+    what, name = _KINDS.get(kind), f"'{where}'" if where else "the request body"
+    return ProtocolError(f"{name} must be {what}, got {shown}" if what else f"{name}: {err['msg']}", param=where or None)
 
 
 class _Body(BaseModel):

@@ -186,7 +186,7 @@ def protocol_class(header_timeout_s: float):
 
         def send_400_response(self, msg: str) -> None:
             data = json.dumps(error_body("not a valid HTTP/1.1 request (request line, headers or Content-Length)", 400)).encode()
-            head = [(b"content-type", b"application/json"), (b"connection", b"close")]
+            head = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), (b"connection", b"close")]
             for event in (h11.Response(status_code=400, headers=head, reason=b"Bad Request"), h11.Data(data=data), h11.EndOfMessage()):
                 self.transport.write(self.conn.send(event))
             self.transport.close()

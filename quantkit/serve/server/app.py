@@ -117,7 +117,7 @@ def create_app(server) -> FastAPI:
     @_answers
     async def detokenize(request: Request) -> Response:
         req = prepare(await request.body(), proto.DetokenizeRequest)
-        vocab = s.engine.model.embed_tokens.shape[0]
+        vocab = s.engine.vocab_size  # the config's: a TP rank's embed_tokens holds only its slice
         if not all(0 <= i < vocab for i in req.tokens):
             raise proto.ProtocolError(f"'tokens' must be a list of token ids in [0, {vocab})", param="tokens")
         return JSONResponse({"prompt": s.text.decode(req.tokens, skip_special_tokens=False)})

@@ -56,11 +56,15 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
     Endpoints: POST /v1/completions and /v1/chat/completions (streaming with "stream": true),
     GET /v1/models, /health, /metrics.  The limits above hold for every client, before a body is read.  Requests share the GPU through continuous batching over a
     paged KV cache; prompts longer than --max-num-batched-tokens are prefilled in chunks."""
+    import os
+
     from ..checkpoint import CheckpointError
     from ..serve.launch import build
     from ..serve.server.limits import Limits
     from .eval import _device
 
+    if os.environ.get("RANK", "0") == "0":  # torchrun's rank: 0 (or a single process) serves HTTP
+        _need_http_extra()
     limits = Limits(max_body_bytes=max_request_bytes, header_timeout_s=header_timeout, body_timeout_s=body_timeout,
                     max_seqs_per_request=max_seqs_per_request, max_tokens_per_request=max_tokens_per_request,
                     max_waiting_seqs=max_waiting_seqs)
@@ -99,6 +103,16 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
     finally:
         server.server_close()
         _leave_group()
+
+
+def _need_http_extra() -> None:
+    """fastapi, uvicorn and pydantic come with the serve extra (rank 0 alone needs them)."""
+    import importlib.util
+
+    missing = [m for m in ("fastapi", "uvicorn", "pydantic") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise click.ClickException(f"`quantkit serve` needs {', '.join(missing)}: pip install 'quantkit[serve]' "
+                                   "(from a checkout: pip install -e '.[serve]')")
 
 
 def _leave_group() -> None:

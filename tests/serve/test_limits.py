@@ -130,6 +130,22 @@ def test_request_caps(server):
                              "limit of 2000" in r["error"]["message"]
 
 
+def test_a_long_text_is_refused_before_it_is_encoded_whole(server):
+    """Over 2000 tokens (the cap per request, as one whole encoding counts them): refused, counted in pieces;
+    just under it, the same ids as one encoding."""
+    big = "hello world " * 3000
+    assert len(server.text.encode(big)) > 2000
+    for path, body in (("/tokenize", {"prompt": big}), ("/v1/completions", {"prompt": big, "max_tokens": 1}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": big}]})):
+        status, r = call(server, path, body)
+        assert status == 400 and "the prompt has more than 2000 tokens" in r["error"]["message"], path
+    text = "hello world " * 100
+    while len(server.text.encode(text + "hello world ")) <= 2000:
+        text += "hello world "
+    status, r = call(server, "/tokenize", {"prompt": text})
+    assert status == 200 and r["tokens"] == server.text.encode(text)
+
+
 def test_a_full_waiting_queue_is_a_503_with_retry_after(server, monkeypatch):
     """With the engine held (its steps admit nothing), a request of 2 sequences fills the queue of 2: the next
     request gets a 503 with Retry-After, and once the engine goes on the first one is served."""

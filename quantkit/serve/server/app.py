@@ -105,10 +105,10 @@ def create_app(server) -> FastAPI:
         def work(body: bytes) -> list[int]:
             req = prepare(body, proto.TokenizeRequest)
             if req.messages is not None:
-                return s.text.encode_chat(req.messages, add_generation_prompt=req.add_generation_prompt)
+                return s.text.encode_chat(req.messages, s.limits.max_tokens_per_request, add_generation_prompt=req.add_generation_prompt)
             if req.prompt is None:
                 raise proto.ProtocolError("'prompt' (a string) or 'messages' is needed", param="prompt")
-            return s.text.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            return s.text.encode(req.prompt, add_special_tokens=req.add_special_tokens, limit=s.limits.max_tokens_per_request)
 
         ids = await asyncio.to_thread(work, await request.body())
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": s.engine.max_model_len})
@@ -128,7 +128,8 @@ def create_app(server) -> FastAPI:
         def work(body: bytes):
             req = prepare(body, proto.CompletionRequest)
             params, n, bounded = proto.sampling(req)
-            ids = [s.text.encode(p) if isinstance(p, str) else list(p) for p in req.prompts()]
+            cap = s.limits.max_tokens_per_request
+            ids = [s.text.encode(p, limit=cap) if isinstance(p, str) else list(p) for p in req.prompts()]
             detok = lambda p: s.text.detokenizer(p.stop, p.include_stop_str, req.skip_special_tokens)  # noqa: E731
             return req, items(ids, params, n, bounded, detok)
 
@@ -146,7 +147,7 @@ def create_app(server) -> FastAPI:
         def work(body: bytes):
             req = prepare(body, proto.ChatRequest)
             params, n, bounded = proto.sampling(req)
-            ids = s.text.encode_chat(req.messages, add_generation_prompt=True, **req.template_kwargs())
+            ids = s.text.encode_chat(req.messages, s.limits.max_tokens_per_request, add_generation_prompt=True, **req.template_kwargs())
             detok = lambda p: s.text.detokenizer(p.stop, p.include_stop_str, not harmony)  # noqa: E731
             return req, items([ids], params, n, bounded, detok)
 

@@ -86,6 +86,62 @@ class TensorInfo:
         return self.numel * itemsize(self.dtype)
 
 
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    seen: dict[str, object] = {}
+    for k, v in pairs:
+        if k in seen:
+            raise ValueError(f"key {k!r} appears twice")
+        seen[k] = v
+    return seen
+
+
+def load_json_object(raw: bytes | str, where: str, what: str) -> dict:
+    """``raw`` parsed as one JSON object (no repeated keys); else a CheckpointError naming ``where``."""
+    try:
+        obj = json.loads(raw, object_pairs_hook=_no_duplicate_keys)
+    except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError, as is a repeated key
+        raise CheckpointError(f"{where}: {what} is not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{where}: {what} must be a JSON object, not {type(obj).__name__}")
+    return obj
+
+
+def _is_count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _check_metadata(path: Path, meta: object) -> None:
+    """safetensors' rule: ``__metadata__`` is a map of strings to strings."""
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: __metadata__ must be an object of strings, not {type(meta).__name__}")
+    bad = [k for k, v in meta.items() if not isinstance(v, str)]
+    if bad:
+        raise CheckpointError(f"{path}: __metadata__ value of {bad[0]!r} is {type(meta[bad[0]]).__name__}; safetensors metadata values are strings")
+
+
+def _check_entry(path: Path, name: str, e: object) -> tuple[int, int]:
+    """One tensor entry of a header: {dtype, shape: [counts], data_offsets: [begin, end]} -> (begin, end)."""
+    if not isinstance(e, dict):
+        raise CheckpointError(f"{path}: tensor {name!r} entry must be an object with dtype, shape and data_offsets, not {type(e).__name__}")
+    missing = [k for k in ("dtype", "shape", "data_offsets") if k not in e]
+    if missing:
+        raise CheckpointError(f"{path}: tensor {name!r} has no {missing[0]}")
+    if not isinstance(e["dtype"], str) or e["dtype"] not in DTYPES:
+        raise CheckpointError(f"{path}: tensor {name!r} has unknown dtype {e['dtype']!r}; known: {', '.join(DTYPES)}")
+    shape = e["shape"]
+    if not isinstance(shape, list) or not all(_is_count(s) for s in shape):
+        raise CheckpointError(f"{path}: tensor {name!r} shape {shape!r} must be a list of non-negative integers")
+    offs = e["data_offsets"]
+    if not isinstance(offs, list) or len(offs) != 2 or not all(_is_count(o) for o in offs) or offs[0] > offs[1]:
+        raise CheckpointError(f"{path}: tensor {name!r} data_offsets {offs!r} must be [begin, end], integers with 0 <= begin <= end")
+    numel = 1
+    for s in shape:
+        numel *= s
+    if offs[1] - offs[0] != numel * itemsize(e["dtype"]):
+        raise CheckpointError(f"{path}: tensor {name!r} {e['dtype']}{shape} needs {numel * itemsize(e['dtype'])} bytes, header gives {offs[1] - offs[0]}")
+    return offs[0], offs[1]
+
+
 def read_header(path: Path) -> tuple[dict, bytes]:
     """Validated safetensors header of ``path`` -> (tensor entries, raw header bytes)."""
     size = path.stat().st_size
@@ -97,23 +153,10 @@ def read_header(path: Path) -> tuple[dict, bytes]:
         if n > MAX_HEADER or 8 + n > size:
             raise CheckpointError(f"{path}: header length {n} exceeds the file ({size} bytes): truncated or not safetensors")
         raw = f.read(n)
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: header is not valid JSON ({e})") from None
-    header.pop("__metadata__", None)
-    spans = []
-    for name, e in header.items():
-        if not isinstance(e, dict) or e.get("dtype") not in DTYPES:
-            raise CheckpointError(f"{path}: tensor {name!r} has unknown dtype {e.get('dtype') if isinstance(e, dict) else e!r}")
-        b, end = e["data_offsets"]
-        numel = 1
-        for s in e["shape"]:
-            numel *= s
-        if end - b != numel * itemsize(e["dtype"]):
-            raise CheckpointError(f"{path}: tensor {name!r} {e['dtype']}{e['shape']} needs {numel * itemsize(e['dtype'])} bytes, header gives {end - b}")
-        spans.append((b, end, name))
-    spans.sort()
+    header = load_json_object(raw, str(path), "header")
+    if "__metadata__" in header:
+        _check_metadata(path, header.pop("__metadata__"))
+    spans = sorted((*_check_entry(path, name, e), name) for name, e in header.items())
     pos = 0
     for b, end, name in spans:
         if b != pos:
@@ -122,6 +165,17 @@ def read_header(path: Path) -> tuple[dict, bytes]:
     if 8 + n + pos != size:
         raise CheckpointError(f"{path}: header describes {8 + n + pos} bytes but the file has {size}: truncated or padded")
     return header, raw
+
+
+def read_weight_map(idx: Path) -> dict[str, str]:
+    """The index's ``weight_map``: an object of tensor name -> shard file name (both strings)."""
+    wmap = load_json_object(idx.read_bytes(), str(idx), "the index").get("weight_map")
+    if not isinstance(wmap, dict):
+        raise CheckpointError(f"{idx}: weight_map must be an object of tensor name -> file name, got {type(wmap).__name__}")
+    bad = [k for k, v in wmap.items() if not isinstance(v, str)]
+    if bad:
+        raise CheckpointError(f"{idx}: weight_map[{bad[0]!r}] is {wmap[bad[0]]!r}; it must be a file name (a string)")
+    return wmap
 
 
 class Checkpoint:
@@ -155,10 +209,7 @@ class Checkpoint:
 
     @staticmethod
     def _read_json(p: Path) -> dict:
-        try:
-            return json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{p}: not valid JSON ({e})") from None
+        return load_json_object(p.read_bytes(), str(p), "the file")
 
     def inside(self, p: Path, what: str) -> Path:
         """``p`` if the path rule lets us read it, else a CheckpointError naming it and the rule."""
@@ -179,9 +230,7 @@ class Checkpoint:
     def _load_index(self) -> None:
         idx = self.dir / INDEX
         if idx.exists():
-            wmap = self._read_json(self.inside(idx, "index")).get("weight_map")
-            if not isinstance(wmap, dict):
-                raise CheckpointError(f"{idx}: no weight_map")
+            wmap = read_weight_map(self.inside(idx, "index"))
             for fname in sorted(set(wmap.values())):
                 self._header(fname)
             for name, fname in wmap.items():
@@ -189,16 +238,24 @@ class Checkpoint:
                 if e is None:
                     raise CheckpointError(f"{idx}: tensor {name!r} is mapped to {fname}, which does not hold it")
                 self.tensors[name] = TensorInfo(name, e["dtype"], tuple(e["shape"]), fname)
-            for fname, hdr in self._files.items():
-                extra = sorted(set(hdr) - set(wmap))
-                if extra:
-                    raise CheckpointError(f"{self.dir / fname}: holds tensors the index does not list: {', '.join(extra[:5])}")
+            self._check_files_against(wmap)
         else:
             files = sorted(p.name for p in self.dir.glob("*.safetensors"))
             if len(files) > 1:
                 raise CheckpointError(f"{self.dir}: {len(files)} safetensors files but no {INDEX}")
             for name, e in self._header(files[0]).items():
                 self.tensors[name] = TensorInfo(name, e["dtype"], tuple(e["shape"]), files[0])
+
+    def _check_files_against(self, wmap: dict[str, str]) -> None:
+        """Every tensor a shard holds is listed, and listed for that shard: a name held by two shards
+        would be read from whichever the index names, so it is refused."""
+        for fname, hdr in self._files.items():
+            extra = sorted(set(hdr) - set(wmap))
+            if extra:
+                raise CheckpointError(f"{self.dir / fname}: holds tensors the index does not list: {', '.join(extra[:5])}")
+            twice = sorted(n for n in hdr if wmap[n] != fname)
+            if twice:
+                raise CheckpointError(f"{self.dir / fname}: tensor {twice[0]!r} is also in {wmap[twice[0]]}: a tensor name may be in one shard only")
 
     def __contains__(self, name: str) -> bool:
         return name in self.tensors

@@ -108,6 +108,9 @@ class LLMEngine:
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         limit = int(model.config.get("max_position_embeddings", num_blocks * block_size))
         self.max_model_len = min(max_model_len or limit, limit, num_blocks * block_size)
+        # token ids are checked against the config's vocabulary: in tensor-parallel serving a rank's
+        # embed_tokens holds only its slice of the rows, while the gathered logits cover them all
+        self.vocab_size = int(model.config["vocab_size"])
         self.eos_ids = tuple(eos_ids)
         self.prefix_caching = prefix_caching
         self.waiting: deque[Request] = deque()
@@ -123,7 +126,7 @@ class LLMEngine:
         """Raise RequestError when the engine cannot run this prompt with these params."""
         if not prompt:
             raise RequestError("the prompt is empty: it needs at least one token")
-        vocab = self.model.embed_tokens.shape[0]
+        vocab = self.vocab_size
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")

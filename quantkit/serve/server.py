@@ -317,7 +317,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _detokenize(self, body: dict) -> None:
         ids = body.get("tokens")
-        vocab = self.server.engine.model.embed_tokens.shape[0]
+        vocab = self.server.engine.vocab_size
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids):
             raise proto.ProtocolError(f"'tokens' must be a list of token ids in [0, {vocab})", param="tokens")
         self._send(200, {"prompt": self.server.text.decode(ids, skip_special_tokens=False)})

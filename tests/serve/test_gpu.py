@@ -8,10 +8,14 @@ steps, and a request that arrives while others decode.
 
 * float32, activations unquantized: the engine computes the prefill's function with another
   summation order only, so its greedy pick is the prefill's argmax and its log-probs agree to 1e-3.
-* bfloat16 with activation quantization (the served default): both are bf16 computations of the
-  same function, each within E of the float32 model with the same quantization (E measured here,
-  per checkpoint, as the largest |bf16 prefill - float32 prefill| over the tested positions), so by
-  the triangle inequality they differ by at most 2E; the engine's pick is within 2E of the top.
+* bfloat16 with activation quantization (the served default): the judge is the float32 model with
+  the same quantization.  On these tiny models bf16 rounding, turned into E4M3 steps by the FP8
+  activation quantizers, moves a prefill's log-probs by up to about 1.5 nats (the CPU's torch and
+  Triton GEMMs, both correct, disagree by 0.9 nats and on 17% of the argmaxes of a 52-token
+  gpt-oss prefill), so no fixed small bound holds.  A cached step is another bf16 computation of the
+  same function, as far from float32 as a bf16 prefill: its largest and its mean deviation from the
+  float32 log-probs stay within twice the bf16 prefill's (plus 0.02 nats for the maximum's sampling
+  noise); a bug (a wrong window, a stale block, a mixed-up chunk) moves whole rows and breaks both.
 """
 
 from __future__ import annotations
@@ -82,18 +86,16 @@ def test_float32_steps_equal_prefill(converted, family, fmt):
 
 @pytest.mark.parametrize("fmt", ["fp8-block", "mxfp8"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_bf16_steps_within_rounding_of_prefill(converted, family, fmt):
+def test_bf16_steps_as_close_to_float32_as_prefill(converted, family, fmt):
     path = converted(family, fmt)
     m16, m32 = load(path, "cuda", torch.bfloat16), load(path, "cuda", torch.float32)  # both quantize activations
     served = serve(m16)
-    refs = [prefill_logprobs(m16, p, s) for p, s in served]
-    exact = [prefill_logprobs(m32, p, s) for p, s in served]
-    e = max((r - x).gather(1, torch.tensor([[t.token] for t in s])).abs().max().item() for r, x, (_, s) in zip(refs, exact, served))
-    bound = 2 * e
-    worst = 0.0
-    for j, ((_, steps), ref) in enumerate(zip(served, refs)):
-        for i, t in enumerate(steps):
-            row = ref[i]
-            worst = max(worst, abs(t.logprob - row[t.token].item()))
-            assert row[t.token] >= row.max() - bound, (family, fmt, j, i, t.token, row.argmax().item(), bound)
-    assert worst <= bound, (family, fmt, worst, bound)
+    engine, prefill = [], []
+    for prompt, steps in served:
+        toks = torch.tensor([[t.token] for t in steps])
+        exact = prefill_logprobs(m32, prompt, steps).gather(1, toks)[:, 0]
+        engine.append(torch.tensor([t.logprob for t in steps]) - exact)
+        prefill.append(prefill_logprobs(m16, prompt, steps).gather(1, toks)[:, 0] - exact)
+    dev_e, dev_p = torch.cat(engine).abs(), torch.cat(prefill).abs()
+    assert dev_e.max() <= 2 * dev_p.max() + 0.02, (family, fmt, dev_e.max().item(), dev_p.max().item())
+    assert dev_e.mean() <= 2 * dev_p.mean() + 0.02, (family, fmt, dev_e.mean().item(), dev_p.mean().item())

@@ -165,17 +165,17 @@ def attach(model) -> int:
     """Give every MoE layer of a rank's model its expert-parallel reduction over all ranks; the number of MoE layers."""
     from .layers.moe import MoE
 
-    shard = model.config["quantkit_shard"]
-    n_global = int(next(model.config[k] for k in ("n_routed_experts", "num_experts", "num_local_experts") if k in model.config))
     blocks = list(enumerate(model.layers))
     if model.mtp is not None:
         blocks.append((len(model.layers), model.mtp.block))
-    n = 0
-    for i, layer in blocks:
-        if isinstance(layer.mlp, MoE):
-            layer.mlp.ep = ExpertParallel(shard["experts"][str(i)], n_global, None, model.device)  # None: the world group
-            n += 1
-    return n
+    moe = [(i, layer.mlp) for i, layer in blocks if isinstance(layer.mlp, MoE)]
+    if not moe:  # a dense model (Qwen3): tensor parallel only
+        return 0
+    shard = model.config["quantkit_shard"]
+    n_global = int(next(model.config[k] for k in ("n_routed_experts", "num_experts", "num_local_experts") if k in model.config))
+    for i, mlp in moe:
+        mlp.ep = ExpertParallel(shard["experts"][str(i)], n_global, None, model.device)  # None: the world group
+    return len(moe)
 
 
 def agree_min(value: int, group) -> int:

@@ -145,6 +145,7 @@ def inspect(path: str, tensors: bool = False) -> Report:
             rep.tensors.append({"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "format": fmt, "file": t.file})
     if fam is not None:
         _check_config(ck, fam, rep.problems)
+    rep.problems += [f"side file {s} (convert and shard skip it)" for s in ck.skipped_side_files()]
     rep.formats = dict(sorted(fmts.items()))
     rep.bytes_per_dtype = dict(sorted(dtypes.items()))
     return rep

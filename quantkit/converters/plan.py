@@ -59,6 +59,8 @@ class Plan:
     tasks: list[Task]
     shards: list[ShardPlan]
     side_files: list[str] = field(default_factory=list)
+    skipped_side: list[str] = field(default_factory=list)  # side files the path rule refused: "name: reason"
+    source_files: dict[str, str] = field(default_factory=dict)  # weight file name -> its resolved path
     owner: dict[str, int] = field(default_factory=dict)  # output tensor name -> index of its task
 
     def __post_init__(self) -> None:
@@ -71,6 +73,12 @@ class Plan:
         specs = [[s.name, str(s.dtype), list(s.shape)] for sh in self.shards for s in sh.specs]
         digest = hashlib.sha256(json.dumps(specs).encode()).hexdigest()
         return {"source_fingerprint": self.fingerprint, "options": self.recorded_options(), "plan_sha256": digest}
+
+    def shard_sources(self, index: int) -> list[str]:
+        """Names of the source files the tensors of output shard ``index`` are read from."""
+        by_path = {p: n for n, p in self.source_files.items()}
+        used = {by_path[self.locs[t].path] for i in self.shard_tasks(index) for t in self.tasks[i].item.source.tensors}
+        return sorted(used)
 
     def shard_tasks(self, index: int) -> list[int]:
         """Indices of the tasks with at least one output in shard ``index``, in plan order."""
@@ -159,7 +167,8 @@ def make_plan(src: str, o: ConvertOptions) -> Plan:
     side = [str(p) for p in s.ckpt.side_files() if p.name != "dtypes.json"]  # dtypes.json belongs to original/
     layout = "original" if _original_names(items) else "root"
     return Plan(str(s.ckpt.root), s.family.name, layout, s.ckpt.fingerprint(), o, scale_fmt, config,
-                locations(s.ckpt, names), tasks, shards, side)
+                locations(s.ckpt, names), tasks, shards, side, s.ckpt.skipped_side_files(),
+                {f: str((s.ckpt.dir / f).resolve()) for f in s.ckpt.files()})
 
 
 def _original_names(items: list[Item]) -> bool:

@@ -44,7 +44,7 @@ def hf_config(ckpt: Checkpoint) -> dict:
     orig = cfg
     if not cfg and own.exists():
         try:
-            orig = json.loads(own.read_text())
+            orig = json.loads(ckpt.inside(own, "config").read_text())
         except json.JSONDecodeError as e:
             raise CheckpointError(f"{own}: not valid JSON ({e})") from None
     if "experts_per_token" in orig and "num_experts" in orig:

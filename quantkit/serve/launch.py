@@ -8,7 +8,6 @@ from pathlib import Path
 import torch
 
 from .scheduler import LLMEngine
-from .server import Server
 from .text import ModelText
 
 
@@ -22,11 +21,12 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
           model_name: str | None = None, max_model_len: int | None = None, max_num_seqs: int = 64,
           max_num_batched_tokens: int = 2048, block_size: int = 16, kv_cache_gib: float | None = None,
           gpu_memory_utilization: float = 0.9, act_quant: bool = True, backend: str = "auto",
-          prefix_caching: bool = True) -> Server | Worker:
+          prefix_caching: bool = True, limits=None) -> Server | Worker:
     """Load the checkpoint and bind the server (not serving yet: ``serve()`` or ``start_background()``).
 
     KV cache: ``kv_cache_gib`` when given; otherwise on CUDA what ``gpu_memory_utilization`` of the
     device leaves after the weights, on a CPU 2 GiB; never more than ``max_num_seqs`` full contexts.
+    ``limits`` (a :class:`.server.Limits`): what one client may ask of the HTTP server (its defaults when None).
     A ``quantkit shard`` output is served expert (and tensor) parallel, one process per rank under torchrun
     (:mod:`.distributed`): rank 0 gets the Server, the other ranks a :class:`Worker`."""
     from ..engine import parallel
@@ -60,7 +60,9 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
         return Worker(model, model.new_cache(blocks, block_size), ctrl, rank)
     text = ModelText(path, model.config)
     engine = LLMEngine(model, blocks, block_size, max_num_seqs, max_num_batched_tokens, max_len, text.eos_ids, prefix_caching)
-    server = Server((host, port), engine, text, model_name or root.resolve().name)
+    from .server import Server  # the HTTP side (fastapi, uvicorn): rank 0 alone
+
+    server = Server((host, port), engine, text, model_name or root.resolve().name, limits)
     if ctrl is not None:
         engine.on_step = distributed.broadcaster(ctrl)
         server.ctrl = ctrl

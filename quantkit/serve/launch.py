@@ -35,14 +35,7 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
 
     root, man, ctrl, rank = Path(ckpt), distributed.sharded_root(ckpt), None, 0
     if man is not None:
-        rank, _, path = distributed.launch_info(root, man)
-        dev, ctrl = parallel.init(device)
-        tp = int(man["parallel"].get("tp", 1))
-        tp_group = parallel.tp_groups(int(man["parallel"]["world_size"]), tp) if tp > 1 else None
-        model = load(path, dev, getattr(torch, dtype), act_quant=act_quant, backend=backend, rank_of_shard=True)
-        parallel.attach(model)
-        if tp_group is not None:
-            parallel.attach_tp(model, tp_group)
+        model, ctrl, rank, path = load_rank(root, man, device, dtype, act_quant, backend)
     else:
         path = root
         model = load(path, device, getattr(torch, dtype), act_quant=act_quant, backend=backend)
@@ -74,6 +67,25 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
         engine.on_step = distributed.broadcaster(ctrl)
         server.ctrl = ctrl
     return server
+
+
+def load_rank(root: Path, man: dict, device: str, dtype: str, act_quant: bool = True, backend: str = "auto"):
+    """This process's rank of a ``quantkit shard`` output (torchrun's environment says which), joined to
+    its process groups with its expert- and tensor-parallel layers attached: (model, gloo control group,
+    rank, rank directory)."""
+    from ..engine import parallel
+    from ..engine.loader import load
+    from . import distributed
+
+    rank, world, path = distributed.launch_info(root, man)
+    dev, ctrl = parallel.init(device)
+    tp = int(man["parallel"].get("tp", 1))
+    tp_group = parallel.tp_groups(world, tp) if tp > 1 else None
+    model = load(path, dev, getattr(torch, dtype), act_quant=act_quant, backend=backend, rank_of_shard=True)
+    parallel.attach(model)
+    if tp_group is not None:
+        parallel.attach_tp(model, tp_group)
+    return model, ctrl, rank, path
 
 
 class Worker:

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 PROMPTS = [[5 + i, 17, 301 + 7 * i, 44, 9] for i in range(8)]
+HEADER_TIMEOUT = 2  # the server's --header-timeout here: the slow connections are cut within the run
 
 
 def parse() -> argparse.Namespace:
@@ -63,7 +64,7 @@ def parse() -> argparse.Namespace:
 def start_server(a, ckpt: Path) -> tuple[subprocess.Popen, str, int]:
     cmd = [sys.executable, "-m", "quantkit", "serve", str(ckpt), "--port", "0", "--device", a.device, "--dtype", a.dtype,
            "--max-model-len", "256", "--kv-cache-gib", "0.05", "--served-model-name", "load",
-           "--header-timeout", "2"] + (["--no-act-quant"] if a.dtype == "float32" else [])
+           "--header-timeout", str(HEADER_TIMEOUT)] + (["--no-act-quant"] if a.dtype == "float32" else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     line = proc.stderr.readline()
     m = re.search(r"serving load on http://([\d.]+):(\d+) ", line)
@@ -226,8 +227,10 @@ async def run(a, host: str, port: int) -> dict:
     stop, cuts = multiprocessing.Event(), multiprocessing.Value("i", 0)
     loris = multiprocessing.Process(target=slowloris, args=(host, port, a.slowloris, stop, cuts), daemon=True)
     loris.start()
+    up = time.monotonic()
     await asyncio.sleep(1.0)  # the slow connections are up
     beside, t2 = await probe(a, host, port, ref)
+    await asyncio.sleep(max(0.0, up + 3 * HEADER_TIMEOUT - time.monotonic()))  # long enough to be cut, and come back
     stop.set()
     loris.join(timeout=30)
     out.update(p99_alone_s=round(p99(alone), 4), p99_slowloris_s=round(p99(beside), 4), slowloris_cuts=cuts.value,

@@ -34,7 +34,7 @@ LORA_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: default eps in both refe
 
 def _attn(cfg: dict, w: Weights, a: str, i: int, rope: Rope) -> MLA:
     nope, rdim = setting(cfg, "qk_nope_head_dim"), setting(cfg, "qk_rope_head_dim")
-    lora = w.has(a + "q_a_proj.weight")
+    lora = w.has_linear(a + "q_a_proj")
     return MLA(
         i,
         q_proj=None if lora else w.linear(a + "q_proj"),
@@ -108,11 +108,11 @@ class MTP(nn.Module):
 def _mtp(cfg: dict, w: Weights, rope: Rope, main_embed: torch.Tensor, main_head: Linear) -> MTP | None:
     n = setting(cfg, "num_hidden_layers")
     p = f"model.layers.{n}."
-    if not w.has(p + "eh_proj.weight"):
+    if not w.has_linear(p + "eh_proj"):
         return None
     eps = setting(cfg, "rms_norm_eps", default=1e-6)
     embed = w.get(p + "embed_tokens.weight") if w.has(p + "embed_tokens.weight") else main_embed
-    head = w.linear(p + "shared_head.head") if w.has(p + "shared_head.head.weight") else main_head
+    head = w.linear(p + "shared_head.head") if w.has_linear(p + "shared_head.head") else main_head
     return MTP(
         embed, w.norm(p + "enorm.weight", eps), w.norm(p + "hnorm.weight", eps), w.linear(p + "eh_proj"),
         _layer(cfg, w, n, rope), w.norm(p + "shared_head.norm.weight", eps), head,

@@ -11,22 +11,29 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import re
 import os
+import re
 import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
+from safetensors.torch import load_file, save_file
 
 from quantkit import checkpoint, destination
 from quantkit.checkpoint import CheckpointWriter
 from quantkit.cli import main
 from quantkit.converters import ConvertOptions, convert, make_plan
 from quantkit.converters.engine import execute
-from quantkit.converters.provenance import hash_files, shard_sources
+from quantkit.converters.provenance import SourceHashes
 from quantkit.synth import synthesize
 
 from .converters.support import dir_digest, shard_bytes
@@ -35,11 +42,23 @@ INDEX = "model.safetensors.index.json"
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def bases(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """family -> a tiny synth of it (made once), with a README.md side file."""
     root = tmp_path_factory.mktemp("safety")
-    synthesize("qwen3-moe", root / "src", preset="tiny", max_shard_size="300KB")
-    (root / "src" / "README.md").write_text("the model card\n")
-    return root / "src"
+
+    def get(family: str) -> Path:
+        src = root / family
+        if not src.exists():
+            synthesize(family, src, preset="tiny", max_shard_size="300KB")
+            (src / "README.md").write_text("the model card\n")
+        return src
+
+    return get
+
+
+@pytest.fixture
+def base(bases) -> Path:
+    return bases("qwen3-moe")
 
 
 def cli(*args: object):
@@ -104,6 +123,71 @@ def nothing(p: Path) -> None:
     return None
 
 
+def poke(src: Path, name: str, values: dict[int, bytes]) -> None:
+    """Overwrite elements (flat index -> raw bytes) of tensor ``name`` in place: the header stays as it was."""
+    idx = src / INDEX
+    fname = json.loads(idx.read_text())["weight_map"][name] if idx.exists() else "model.safetensors"
+    path = src / fname
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    e = json.loads(raw[8 : 8 + n])[name]
+    size = {"BF16": 2, "F32": 4, "F8_E4M3": 1, "U8": 1}[e["dtype"]]
+    with open(path, "r+b") as f:
+        for i, b in values.items():
+            assert len(b) == size
+            f.seek(8 + n + e["data_offsets"][0] + i * size)
+            f.write(b)
+
+
+BF16_NAN, BF16_INF = b"\xc0\x7f", b"\x80\x7f"
+F32_NAN, F32_INF, F32_ZERO, F32_NEG = (struct.pack("<f", v) for v in (float("nan"), float("inf"), 0.0, -1.0))
+QW = "model.layers.0.mlp.experts.1.up_proj.weight"
+DS = "model.layers.0.self_attn.q_b_proj.weight"  # tiny: [N, 128] F8_E4M3, scale grid [ceil(N/128), 1]
+GO = "model.layers.0.mlp.experts.gate_up_proj_scales"
+
+
+def nan_bf16(src: Path) -> None:
+    poke(src, QW, {i: BF16_NAN for i in (70, 71, 300, 301, 302)})
+
+
+def inf_norm(src: Path) -> None:
+    poke(src, "model.norm.weight", {3: BF16_INF})
+
+
+def e4m3_nan(src: Path) -> None:
+    poke(src, DS, {129: b"\x7f", 4000: b"\xff"})
+
+
+def scale_nan(src: Path) -> None:
+    poke(src, DS + "_scale_inv", {1: F32_NAN})
+
+
+def scale_inf(src: Path) -> None:
+    poke(src, DS + "_scale_inv", {0: F32_INF})
+
+
+def scale_negative(src: Path) -> None:
+    poke(src, DS + "_scale_inv", {0: F32_NEG})
+
+
+def scale_zero(src: Path) -> None:
+    poke(src, DS + "_scale_inv", {0: F32_ZERO})
+
+
+def scale_zero_on_zero_tile(src: Path) -> None:
+    poke(src, DS + "_scale_inv", {0: F32_ZERO})
+    k = json.loads((src / "config.json").read_text())["q_lora_rank"]  # q_b_proj is [N, q_lora]
+    poke(src, DS, {r * k + c: b"\x00" for r in range(128) for c in range(min(k, 128))})
+
+
+def e8m0_nan(src: Path) -> None:
+    poke(src, GO, {5: b"\xff"})
+
+
+def e8m0_smallest(src: Path) -> None:
+    poke(src, GO, {5: b"\x00"})
+
+
 # ---------------------------------------------------------------- what DST names before the run
 
 
@@ -144,6 +228,8 @@ class Case:
     error: str | None  # a regex of the one error line; None: the command succeeds
     check: Callable[[Path, Path, object], None] | None = None  # (src, dst, result) -> asserts
     place: Callable[[Path], object] = nothing  # what DST names before the run
+    family: str = "qwen3-moe"
+    problem: str | None = None  # inspect: a regex of the problem line it must list
 
 
 def _no_readme(src: Path, dst: Path, r) -> None:
@@ -184,6 +270,25 @@ CASES = [
     Case("DST locked by another run, convert", nothing, CONVERT, r"another run is writing it: pid \d+ .*convert \(another run\)", place=dst_locked),
     Case("DST locked by another run, shard", nothing, SHARD, r"another run is writing it: pid \d+", place=dst_locked),
     Case("a stale lock of a dead run, shard", nothing, SHARD, None, place=dst_stale_lock),
+    Case("BF16 NaN, convert", nan_bf16, CONVERT, QW + r": 5 NaN/Inf values, the first at \[0, 70\]: convert refuses non-finite"),
+    Case("BF16 NaN, convert --to bf16", nan_bf16, ("convert", "--to", "bf16"), QW + r": 5 NaN/Inf values"),
+    Case("BF16 NaN, inspect", nan_bf16, ("inspect",), None, problem=QW + r": 5 NaN/Inf values, the first at \[0, 70\]"),
+    Case("BF16 Inf in a copied norm, convert", inf_norm, CONVERT, r"model.norm.weight: 1 NaN/Inf values, the first at \[3\]"),
+    Case("E4M3 NaN bytes, convert", e4m3_nan, CONVERT, DS + r": 2 E4M3 NaN bytes, the first at \[1, 1\]", family="deepseek-v3"),
+    Case("E4M3 NaN bytes, convert mxfp8", e4m3_nan, ("convert", "--to", "mxfp8"), DS + r": 2 E4M3 NaN bytes", family="deepseek-v3"),
+    Case("E4M3 NaN bytes, inspect", e4m3_nan, ("inspect",), None, family="deepseek-v3", problem=DS + r": 2 E4M3 NaN bytes"),
+    Case("FP8 block scale NaN, convert", scale_nan, CONVERT, DS + r"_scale_inv: 1 NaN/Inf values, the first at \[1, 0\]", family="deepseek-v3"),
+    Case("FP8 block scale Inf, convert bf16", scale_inf, ("convert", "--to", "bf16"), DS + r"_scale_inv: 1 NaN/Inf", family="deepseek-v3"),
+    Case("FP8 block scale Inf, inspect", scale_inf, ("inspect",), None, family="deepseek-v3", problem=DS + r"_scale_inv: 1 NaN/Inf values"),
+    Case("FP8 block scale negative, inspect", scale_negative, ("inspect",), None, family="deepseek-v3",
+         problem=DS + r"_scale_inv: 1 negative block scales, the first at \[0, 0\]"),
+    Case("FP8 block scale zero on a non-zero tile, inspect", scale_zero, ("inspect",), None, family="deepseek-v3",
+         problem=DS + r"_scale_inv: 1 zero block scales on tiles that are not all zero"),
+    Case("FP8 block scale zero on an all-zero tile, inspect", scale_zero_on_zero_tile, ("inspect",), None, family="deepseek-v3"),
+    Case("E8M0 NaN scale byte, convert", e8m0_nan, CONVERT, GO + r": 1 E8M0 NaN scale bytes \(0xFF\), the first at \[0, 0, 5\]", family="gpt-oss"),
+    Case("E8M0 NaN scale byte, inspect", e8m0_nan, ("inspect",), None, family="gpt-oss", problem=GO + r": 1 E8M0 NaN scale bytes"),
+    Case("E8M0 0x00 (2^-127) is a scale, convert", e8m0_smallest, ("convert", "--to", "mxfp8"), None, family="gpt-oss"),
+    Case("E8M0 0x00 (2^-127) is a scale, inspect", e8m0_smallest, ("inspect",), None, family="gpt-oss"),
 ]
 
 
@@ -197,9 +302,9 @@ def state(p: Path) -> tuple:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_corpus(case: Case, base: Path, tmp_path: Path) -> None:
+def test_corpus(case: Case, bases, tmp_path: Path) -> None:
     src = tmp_path / "src"
-    shutil.copytree(base, src, symlinks=True)
+    shutil.copytree(bases(case.family), src, symlinks=True)
     case.corrupt(src)
     before = dir_digest(src)
     dst = tmp_path / "dst"
@@ -209,7 +314,10 @@ def test_corpus(case: Case, base: Path, tmp_path: Path) -> None:
     r = cli(cmd, src, *opts) if cmd == "inspect" else cli(cmd, src, dst, *opts)
     if held is not None:
         held.release()
-    if case.error is None:
+    if cmd == "inspect" and case.error is None:
+        assert r.exit_code == (1 if case.problem else 0), r.output
+        assert not case.problem or re.search("^- " + case.problem, r.output, re.M), r.output
+    elif case.error is None:
         assert r.exit_code == 0, r.output
         assert dst.is_dir() and not dst.is_symlink()
     else:
@@ -339,7 +447,7 @@ def test_resume_redoes_shards_whose_source_bytes_changed(base: Path, tmp_path: P
     shutil.copytree(base, src)
     opts = ConvertOptions(to="fp8-block", max_shard_size=1_000_000)
     plan = make_plan(str(src), opts)
-    writer = CheckpointWriter(tmp_path / "o", job=plan.job(), sources=shard_sources(plan, hash_files(plan.source_files)))
+    writer = CheckpointWriter(tmp_path / "o", job=plan.job(), sources=SourceHashes(plan))
     execute(plan, writer, lambda n: None)  # every shard written, then killed before the commit
     writer.close()
     changed = sorted(src.glob("*.safetensors"))[0]
@@ -362,3 +470,79 @@ def test_inspect_reports_a_side_file_outside(base: Path, tmp_path: Path) -> None
     side_symlink_outside(src)
     r = cli("inspect", src)
     assert r.exit_code == 1 and re.search(r"- side file README.md: it resolves to .*id_rsa, outside the checkpoint", r.output), r.output
+
+
+def test_deepseek_mtp_eh_proj_stored_fp8_is_dequantized(bases, tmp_path: Path) -> None:
+    """Some DeepSeek-V3 files store MTP eh_proj as FP8 + weight_scale_inv: dequantized to BF16 by DeepSeek's
+    rule (inference/kernel.py weight_dequant: each 128x128 tile times its scale), and reported."""
+    src = tmp_path / "src"
+    shutil.copytree(bases("deepseek-v3"), src)
+    idx = json.loads((src / INDEX).read_text())
+    name = next(n for n in idx["weight_map"] if n.endswith("eh_proj.weight"))
+    shard = src / idx["weight_map"][name]
+    ts = load_file(shard)
+    g = torch.Generator().manual_seed(3)
+    n, k = ts[name].shape
+    q = (torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.rand(-(-n // 128), -(-k // 128), generator=g) + 0.01
+    ts[name], ts[name + "_scale_inv"] = q, s
+    save_file(ts, shard, metadata={"format": "pt"})
+    idx["weight_map"][name + "_scale_inv"] = shard.name
+    (src / INDEX).write_text(json.dumps(idx))
+    for to in ("fp8-block", "mxfp8", "bf16"):
+        r = cli("convert", src, tmp_path / to, "--to", to)
+        assert r.exit_code == 0, r.output
+        assert f"dequantized to BF16 (stored FP8, kept in source precision by the family's rule): {name}" in r.output
+        out = {}
+        for f in (tmp_path / to).glob("*.safetensors"):
+            out.update(load_file(f))
+        want = (q.float() * s.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]).bfloat16()
+        assert out[name].dtype == torch.bfloat16 and torch.equal(out[name], want)
+        assert name + "_scale_inv" not in out
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.add(c)
+            todo.append(c)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_killed_convert_takes_its_worker_processes_with_it(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    synthesize("qwen3", src, preset="tiny", layers=8)
+    dst, partial = tmp_path / "o", tmp_path / ".o.quantkit-partial"
+    args = [sys.executable, "-m", "quantkit.cli", "convert", str(src), str(dst), "--to", "fp8-block", "--workers", "2",
+            "--rounding", "stochastic", "--max-shard-size", "1MB"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    deadline, kids = time.monotonic() + 120, set()
+    while time.monotonic() < deadline and proc.poll() is None:
+        kids = descendants(proc.pid)
+        if len(kids) >= 4 and list(partial.glob("*.part")):  # resource tracker, manager, 2 workers, converting
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None and len(kids) >= 4, f"the workers never ran: {proc.stderr.read().decode()[-2000:]}"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(alive(k) for k in kids):
+        time.sleep(0.1)
+    assert not [k for k in kids if alive(k)], "processes outlived the killed convert"
+    destination.Lock(destination.named(dst), "a later run").release()  # its lock died with it

@@ -124,7 +124,7 @@ class Expect:
         Whether quantized targets quantize it is the family's rule (families.is_quantized_weight)."""
         out = out or src
         role = LINEAR if is_quantized_weight(self.family, out) else MODULE
-        if rows is None and self._expects_fp8(out, role):
+        if rows is None and (self._expects_fp8(out, role) or (role == MODULE and self._stored_fp8(src))):
             return self._fp8(src, shape, out, role)
         return self._plain(src, shape, out, role, rows, total_rows, "projection weight")
 
@@ -142,6 +142,12 @@ class Expect:
             return False
         module = out.removesuffix(".weight")
         return not any(module == s or fnmatch.fnmatchcase(module, s) or module.startswith(s + ".") for s in self.fp8_skip)
+
+    def _stored_fp8(self, src: str) -> bool:
+        """A module the family keeps in source precision, stored as FP8 with its block scale anyway (some
+        DeepSeek-V3 files hold MTP ``eh_proj`` so): it is dequantized to BF16 by the 128x128 block rule."""
+        t = self.tensors.get(src)
+        return t is not None and t.dtype == "F8_E4M3" and src + "_scale_inv" in self.tensors
 
     def _fp8(self, src: str, shape: tuple[int, ...], out: str, role: str) -> Item:
         w = self._info(src, "FP8 weight (quant_method fp8)")

@@ -8,9 +8,13 @@ Paths (what ``quantkit.json`` records per tensor; "exact" ones never round, so `
   fp8-block->mxfp8  exact when every tile scale is a power of two (decided per tensor when run;
                     otherwise dequantize to F32 and requantize)
   mxfp4->bf16       MXFP4 dequantized to BF16 (every E2M1 x 2^k value fits)                  exact
+  copy-mxfp8        MXFP8 weight and E8M0 scale bytes unchanged                            exact
+  mxfp8->bf16       MXFP8 dequantized to BF16 (every E4M3 x 2^k value fits)                  exact
+  mxfp8->fp8-block  exact for each 128x128 tile whose per-32 scales can share the tile's largest one
+                    without rounding an element (decided per tile when run; other tiles requantized)
   quantize          float source -> target format                                          rounds
   requantize        quantized source -> F32 -> another quantized format                     rounds
-  dequantize        FP8 blocks -> F32 -> BF16                                               rounds
+  dequantize        FP8 (blocks, rows or tensor) -> F32 -> BF16                             rounds
   cast              a float projection weight cast to BF16 (--to bf16)                      rounds
 """
 
@@ -24,13 +28,14 @@ from dataclasses import dataclass, field
 import torch
 
 from ..checkpoint import DTYPES, CheckpointError, ShardPlan, TensorSpec, plan_shards
-from .items import LINEAR, MX, TILE, Item, cdiv, source_scale_fmt
+from .items import LINEAR, MX, TILE, Item, cdiv
+from .qsource import source_scale_fmt
 from .options import ConvertOptions, OptionError, uses_rule
 from .qconfig import quantization_config
 from .registry import build_items
 from .source import TensorLoc, locations, open_source
 
-EXACT_PATHS = ("copy", "copy-fp8-block", "mxfp4->mxfp8", "mxfp4->bf16")
+EXACT_PATHS = ("copy", "copy-fp8-block", "copy-mxfp8", "mxfp4->mxfp8", "mxfp4->bf16", "mxfp8->bf16")
 
 
 @dataclass(frozen=True)
@@ -118,21 +123,25 @@ def plain_spec(item: Item, dtype: torch.dtype) -> TensorSpec:
     return TensorSpec(item.name, dtype, shape)
 
 
+def quantized_path(kind: str, to: str, scale_fmt: str | None, src_fmt: str | None) -> str:
+    """The path from a source of ``kind`` to quantized target ``to`` (the table in the module docstring)."""
+    if kind == "plain":
+        return "quantize"
+    if kind == to == "fp8-block":
+        return "copy-fp8-block" if scale_fmt == "float" or scale_fmt == src_fmt else "requantize"
+    if kind == to == "mxfp8":
+        return "copy-mxfp8"
+    return {("mxfp4", "mxfp8"): "mxfp4->mxfp8", ("fp8-block", "mxfp8"): "fp8-block->mxfp8",
+            ("mxfp8", "fp8-block"): "mxfp8->fp8-block"}.get((kind, to), "requantize")
+
+
 def decide(item: Item, o: ConvertOptions, keep: set[str], scale_fmt: str | None, src_fmt: str | None) -> Task:
     kind = item.source.kind
     if item.role == LINEAR and o.to != "bf16" and item.name not in keep:
-        if kind == "plain":
-            path = "quantize"
-        elif kind == "mxfp4":
-            path = "mxfp4->mxfp8" if o.to == "mxfp8" else "requantize"
-        elif o.to == "mxfp8":
-            path = "fp8-block->mxfp8"
-        else:
-            path = "copy-fp8-block" if scale_fmt == "float" or scale_fmt == src_fmt else "requantize"
-        return Task(item, path, o.to, quant_specs(item, o.to))
-    if kind == "mxfp4":
-        return Task(item, "mxfp4->bf16", "bf16", (plain_spec(item, torch.bfloat16),))
-    if kind == "fp8-block":
+        return Task(item, quantized_path(kind, o.to, scale_fmt, src_fmt), o.to, quant_specs(item, o.to))
+    if kind in ("mxfp4", "mxfp8"):
+        return Task(item, f"{kind}->bf16", "bf16", (plain_spec(item, torch.bfloat16),))
+    if kind != "plain":  # FP8 blocks, rows or tensor
         return Task(item, "dequantize", "bf16", (plain_spec(item, torch.bfloat16),))
     if o.to == "bf16" and item.role == LINEAR and item.source.dtype != "BF16":
         return Task(item, "cast", "bf16", (plain_spec(item, torch.bfloat16),))
@@ -154,7 +163,7 @@ def make_plan(src: str, o: ConvertOptions) -> Plan:
     if o.ignore and o.to == "bf16":
         raise OptionError("--ignore applies to quantized targets; --to bf16 quantizes nothing")
     keep = ignored(items, o.ignore)
-    src_fmt = source_scale_fmt(s.config)
+    src_fmt = source_scale_fmt(s.config, s.where)
     scale_fmt = resolve_scale_fmt(o, src_fmt)
     tasks = [decide(it, o, keep, scale_fmt, src_fmt) for it in items]
     shards = plan_shards((spec for t in tasks for spec in t.outputs), o.max_shard_size)

@@ -31,7 +31,7 @@ from .ops import Ops
 from .plan import EXACT_PATHS, Task
 from .source import Reader
 
-COPY_PATHS = ("copy", "copy-fp8-block", "copy-mxfp8")  # outputs are views of the source, nothing computed
+COPY_PATHS = ("copy", "copy-fp8-block", "copy-mxfp8", "copy-mxfp4")  # outputs are views of the source, nothing computed
 Step = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -80,9 +80,12 @@ def copy_task(task: Task, reader: Reader, ctx: Context) -> tuple[dict[str, torch
         if src.rows is not None:
             t = t[src.rows[0] : src.rows[1]]
         return {task.outputs[0].name: t}, Fidelity.identical(t.numel()).record("copy", True)
-    if task.path == "copy-mxfp8":  # E8M0 bytes as U8, whether stored U8 or F8_E8M0
-        s = reader.view(src.tensors[1]).view(torch.uint8)
-        return {task.outputs[0].name: t, task.outputs[1].name: s}, Fidelity.identical(t.numel()).record(task.path, True)
+    if task.path in ("copy-mxfp8", "copy-mxfp4"):  # E8M0 bytes as U8, whether stored U8 or F8_E8M0
+        w, s = (t.reshape(task.outputs[0].shape), reader.view(src.tensors[1]).view(torch.uint8))  # MXFP4: blocks or packed rows
+        numel = 1
+        for d in task.item.shape:
+            numel *= d
+        return {task.outputs[0].name: w, task.outputs[1].name: s}, Fidelity.identical(numel).record(task.path, True)
     s = scale_f32(reader.view(src.tensors[1]))
     if ctx.scale_fmt == "ue8m0" and not fp8_block.is_pow2_scale(s):
         raise CheckpointError(f"{src.tensors[1]}: the source declares scale_fmt ue8m0 but this scale is not a power of two")
@@ -91,7 +94,8 @@ def copy_task(task: Task, reader: Reader, ctx: Context) -> tuple[dict[str, torch
 
 def quant_step(task: Task, dec: Decoder, out: list[torch.Tensor], ctx: Context, r: Rounding, scratch: Scratch | None) -> Step:
     L, (n, k) = lead(task.item.shape), task.item.shape[-2:]
-    w, s = out[0].view(L, n, k), out[1].view(L, *out[1].shape[-2:])
+    w = out[0].view(L, n, k // 2) if task.target == "mxfp4" else out[0].view(L, n, k)
+    s = out[1].view(L, *out[1].shape[-2:])
     fmt = ctx.scale_fmt or "float"
 
     def step(l: int, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,6 +109,10 @@ def quant_step(task: Task, dec: Decoder, out: list[torch.Tensor], ctx: Context, 
                 put(w[l, a:b], q)
             put(s[l, a // TILE : cdiv(b, TILE)], sc)
             return x, ctx.ops.fp8_dequant(q, sc, scratch)
+        if task.target == "mxfp4":  # codes [r, K/32, 16] into the packed rows [r, K/2]
+            blocks, sc = ctx.ops.mxfp4(x, ctx.rule, rr)
+            put(w[l, a:b], blocks.view(b - a, k // 2)), put(s[l, a:b], sc)
+            return x, ctx.ops.mxfp4_decode(blocks, sc)
         q, sc = ctx.ops.mxfp8(x, ctx.rule, rr)
         put(w[l, a:b], q), put(s[l, a:b], sc)
         return x, ctx.ops.mxfp8_dequant(q, sc)
@@ -213,7 +221,7 @@ def run_task(task: Task, reader: Reader, ctx: Context, want: bool) -> tuple[dict
         step = exact_mx_step(task, dec, out, ctx.ops)
     elif path == "mxfp8->fp8-block":
         step = mx_to_blocks_step(task, dec, out, ctx, r, tiles)
-    elif task.target in ("fp8-block", "mxfp8"):
+    elif task.target in ("fp8-block", "mxfp8", "mxfp4"):
         step = quant_step(task, dec, out, ctx, r, Scratch() if on_cpu else None)
     else:
         step = bf16_step(task, dec, out, r)

@@ -50,6 +50,20 @@ class Traffic:
         setattr(self, f"{phase}_received", getattr(self, f"{phase}_received") + received)
 
 
+def destination_slots(idx: torch.Tensor, owner: torch.Tensor, world: int) -> torch.Tensor:
+    """Global expert ids [T, k] -> [T, W, k]: for each destination rank the token's slots whose expert it
+    owns, -1 elsewhere (a token has a row for rank d when any of its slots does)."""
+    dests = torch.arange(world, device=idx.device)
+    return torch.where(owner[idx][:, None, :] == dests[None, :, None], idx[:, None, :], -1)
+
+
+def row_bytes(hidden: int, k: int, payload: str) -> int:
+    """Bytes of one dispatched row: the hidden state (``bf16``, ``f32``, ``fp8-block``: E4M3 + a float32
+    scale per 128, ``mxfp8``: E4M3 + an E8M0 byte per 32) plus the k int64 ids and k float32 weights."""
+    x = {"bf16": 2 * hidden, "f32": 4 * hidden, "fp8-block": hidden + 4 * -(-hidden // 128), "mxfp8": hidden + hidden // 32}[payload]
+    return x + 12 * k
+
+
 def all_reduce_bytes(tokens: int, hidden: int, world: int) -> int:
     """Bytes one rank sends (and receives) in a ring all-reduce of float32 [tokens, hidden]: 2 (W-1)/W of it."""
     return 2 * (world - 1) * tokens * hidden * 4 // world if world > 1 else 0
@@ -72,9 +86,7 @@ class AllToAll:
         """x [T, H] this rank's tokens, weights float32 [T, k], global ids [T, k] -> [T, H] in x.dtype.  Rows
         travel as the experts consume them: quantized once here where they quantize their input
         (``experts.quantize_input``: E4M3 + scales), else as x."""
-        owner = self.owner.to(idx.device)[idx]  # [T, k] rank of each slot's expert
-        dests = torch.arange(self.world, device=idx.device)
-        ids = torch.where(owner[:, None, :] == dests[None, :, None], idx[:, None, :], -1)  # [T, W, k]: each destination's slots
+        ids = destination_slots(idx, self.owner.to(idx.device), self.world)
         hit = (ids >= 0).any(-1)  # [T, W]
         quantize = getattr(experts, "quantize_input", None)
         q = quantize(x) if quantize is not None else None

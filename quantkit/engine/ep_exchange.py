@@ -50,6 +50,20 @@ class Traffic:
         setattr(self, f"{phase}_received", getattr(self, f"{phase}_received") + received)
 
 
+def destination_slots(idx: torch.Tensor, owner: torch.Tensor, world: int) -> torch.Tensor:
+    """Global expert ids [T, k] -> [T, W, k]: for each destination rank the token's slots whose expert it
+    owns, -1 elsewhere (a token has a row for rank d when any of its slots does)."""
+    dests = torch.arange(world, device=idx.device)
+    return torch.where(owner[idx][:, None, :] == dests[None, :, None], idx[:, None, :], -1)
+
+
+def row_bytes(hidden: int, k: int, payload: str) -> int:
+    """Bytes of one dispatched row: the hidden state (``bf16``, ``f32``, ``fp8-block``: E4M3 + a float32
+    scale per 128, ``mxfp8``: E4M3 + an E8M0 byte per 32) plus the k int64 ids and k float32 weights."""
+    x = {"bf16": 2 * hidden, "f32": 4 * hidden, "fp8-block": hidden + 4 * -(-hidden // 128), "mxfp8": hidden + hidden // 32}[payload]
+    return x + 12 * k
+
+
 def all_reduce_bytes(tokens: int, hidden: int, world: int) -> int:
     """Bytes one rank sends (and receives) in a ring all-reduce of float32 [tokens, hidden]: 2 (W-1)/W of it."""
     return 2 * (world - 1) * tokens * hidden * 4 // world if world > 1 else 0
@@ -69,46 +83,50 @@ class AllToAll:
         self.traffic = Traffic()
 
     def routed(self, experts, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, fixed: bool = False) -> torch.Tensor:
-        """x [T, H] this rank's tokens, weights float32 [T, k], global ids [T, k] -> [T, H] in x.dtype."""
-        owner = self.owner.to(idx.device)[idx]  # [T, k] rank of each slot's expert
-        dests = torch.arange(self.world, device=idx.device)
-        ids = torch.where(owner[:, None, :] == dests[None, :, None], idx[:, None, :], -1)  # [T, W, k]: each destination's slots
+        """x [T, H] this rank's tokens, weights float32 [T, k], global ids [T, k] -> [T, H] in x.dtype.  Rows
+        travel as the experts consume them: quantized once here where they quantize their input
+        (``experts.quantize_input``: E4M3 + scales), else as x."""
+        ids = destination_slots(idx, self.owner.to(idx.device), self.world)
         hit = (ids >= 0).any(-1)  # [T, W]
+        quantize = getattr(experts, "quantize_input", None)
+        q = quantize(x) if quantize is not None else None
+        payload = Payload((x,) if q is None else q, x.dtype)
         exchange = self._fixed if fixed else self._variable
-        return exchange(experts, x, weights, ids, hit).to(x.dtype)
+        return exchange(experts, payload, weights, ids, hit).to(x.dtype)
 
-    def _variable(self, experts, x, weights, ids, hit) -> torch.Tensor:
+    def _variable(self, experts, payload: Payload, weights, ids, hit) -> torch.Tensor:
         """Rows grouped by destination, tokens ascending; the counts exchanged first."""
         dest, tok = torch.where(hit.T)
         counts = torch.bincount(dest, minlength=self.world)
         recv = torch.empty_like(counts)
         dist.all_to_all_single(recv, counts, group=self.group)
         out_sizes, in_sizes = counts.tolist(), recv.tolist()
-        got = [self._send(t, out_sizes, in_sizes, "dispatch") for t in (x[tok], ids[tok, dest], weights[tok])]
-        back = self._send(self._local(experts, *got), in_sizes, out_sizes, "combine")  # float32 [R, H]
-        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        got = [self._send(t, out_sizes, in_sizes, "dispatch") for t in (*payload.wire(tok), ids[tok, dest], weights[tok])]
+        back = self._send(self._local(experts, payload.like(got[:-2]), *got[-2:]), in_sizes, out_sizes, "combine")  # float32 [R, H]
+        out = torch.zeros(hit.shape[0], back.shape[1], dtype=torch.float32, device=back.device)
         return out.index_add_(0, tok, back)
 
-    def _fixed(self, experts, x, weights, ids, hit) -> torch.Tensor:
+    def _fixed(self, experts, payload: Payload, weights, ids, hit) -> torch.Tensor:
         """Every (source, destination) pair has ``capacity`` rows; a token's row for destination d is
         its rank among the tokens bound for d (a cumulative sum on the device), unused rows carry ids -1,
         and pairs that send nothing are scattered to a spare row: no data-dependent shape, no count exchanged."""
-        t, c = x.shape[0], self.capacity
+        t, c = hit.shape[0], self.capacity
         if c is None or t > c:
             raise ValueError(f"fixed-capacity exchange: {t} tokens on this rank, capacity {c}")
         n = self.world * c
-        dests = torch.arange(self.world, device=x.device)
+        dests = torch.arange(self.world, device=hit.device)
         at = torch.where(hit, dests * c + hit.cumsum(0) - 1, n)  # [T, W]; n: the spare row
 
-        def scatter(src: torch.Tensor, fill) -> torch.Tensor:  # src [T, W, ...] -> [n, ...] (+ the spare row, dropped)
+        def scatter(src: torch.Tensor, fill, per_dest: bool = False) -> torch.Tensor:  # -> [n, ...] (+ the spare row, dropped)
+            src = src if per_dest else src[:, None].expand(t, self.world, *src.shape[1:])  # [T, W, ...]
             buf = torch.full((n + 1, *src.shape[2:]), fill, dtype=src.dtype, device=src.device)
             buf[at.flatten()] = src.flatten(0, 1)
             return buf[:n]
 
         even = [c] * self.world
-        sent = (scatter(x[:, None].expand(t, self.world, -1), 0), scatter(ids, -1), scatter(weights[:, None].expand(-1, self.world, -1), 0.0))
+        sent = [scatter(p, 0) for p in payload.wire()] + [scatter(ids, -1, per_dest=True), scatter(weights, 0.0)]
         got = [self._send(s, even, even, "dispatch") for s in sent]
-        back = self._send(self._local(experts, *got), even, even, "combine")  # float32 [n, H]
+        back = self._send(self._local(experts, payload.like(got[:-2]), *got[-2:]), even, even, "combine")  # float32 [n, H]
         back = torch.cat((back, back.new_zeros(1, back.shape[1])))[at]  # [T, W, H], zeros where nothing was sent
         return back.sum(1)  # ascending destination rank
 
@@ -121,12 +139,38 @@ class AllToAll:
         self.traffic.add(phase, row * (sum(out_sizes) - out_sizes[self.rank]), row * (sum(in_sizes) - in_sizes[self.rank]))
         return out
 
-    def _local(self, experts, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def _local(self, experts, payload: Payload, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """Received rows' local (token, slot) pairs as one-slot rows, summed per row in float32 -> [R, H]."""
         local = torch.where(ids >= 0, self.g2l.to(ids.device)[ids.clamp_min(0)], -1)
         tok, slot = torch.where(local >= 0)
-        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        rows, hidden = ids.shape[0], payload.tensors[0].shape[1]
+        out = torch.zeros(rows, hidden, dtype=torch.float32, device=ids.device)
         if tok.numel():
-            y = experts(x[tok], w[tok, slot, None], local[tok, slot, None])
+            x, x_q = payload.rows(tok)
+            y = experts(x, w[tok, slot, None], local[tok, slot, None]) if x_q is None else \
+                experts(x, w[tok, slot, None], local[tok, slot, None], x_q=x_q)
             out.index_add_(0, tok, y.to(torch.float32))
         return out
+
+
+@dataclass
+class Payload:
+    """What a row carries: (x,) unquantized, or (E4M3 values, scales) as the experts consume them, and the
+    activations' dtype.  On the wire 8-bit floats travel as uint8 (gloo and NCCL move bytes)."""
+
+    tensors: tuple[torch.Tensor, ...]
+    dtype: torch.dtype
+
+    def wire(self, rows: torch.Tensor | None = None) -> list[torch.Tensor]:
+        ts = [t if rows is None else t[rows] for t in self.tensors]
+        return [t.view(torch.uint8) if t.element_size() == 1 else t for t in ts]
+
+    def like(self, received: list[torch.Tensor]) -> Payload:
+        return Payload(tuple(r.view(t.dtype) for r, t in zip(received, self.tensors, strict=True)), self.dtype)
+
+    def rows(self, tok: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """(x rows, None) unquantized; (a placeholder of x's shape and dtype, (values, scales)) quantized."""
+        if len(self.tensors) == 1:
+            return self.tensors[0][tok], None
+        q, s = self.tensors
+        return torch.empty(tok.numel(), q.shape[1], dtype=self.dtype, device=q.device), (q[tok], s[tok])

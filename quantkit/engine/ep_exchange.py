@@ -10,7 +10,8 @@ expert e.  Per MoE layer:
    hidden state and, in a metadata exchange beside it, the token's k expert ids with the slots of
    other ranks set to -1 and its k weights.  Rows go out grouped by destination, tokens ascending.
 2. each rank runs its local (token, slot) pairs as one-slot rows (:class:`.parallel.ExpertParallel`'s
-   rule, so its expert work is its own pairs only) and sums them per received row in float32;
+   rule, so its expert work is its own pairs only), weights each expert's output in float32 and sums
+   them per received row in float32;
 3. **combine**: the float32 partial sums go back along the same splits, reversed, and the sender
    adds them per token in float32 (ascending destination rank), then rounds once to x's dtype.
 
@@ -50,6 +51,20 @@ class Traffic:
         setattr(self, f"{phase}_received", getattr(self, f"{phase}_received") + received)
 
 
+def destination_slots(idx: torch.Tensor, owner: torch.Tensor, world: int) -> torch.Tensor:
+    """Global expert ids [T, k] -> [T, W, k]: for each destination rank the token's slots whose expert it
+    owns, -1 elsewhere (a token has a row for rank d when any of its slots does)."""
+    dests = torch.arange(world, device=idx.device)
+    return torch.where(owner[idx][:, None, :] == dests[None, :, None], idx[:, None, :], -1)
+
+
+def row_bytes(hidden: int, k: int, payload: str) -> int:
+    """Bytes of one dispatched row: the hidden state (``bf16``, ``f32``, ``fp8-block``: E4M3 + a float32
+    scale per 128, ``mxfp8``: E4M3 + an E8M0 byte per 32) plus the k int64 ids and k float32 weights."""
+    x = {"bf16": 2 * hidden, "f32": 4 * hidden, "fp8-block": hidden + 4 * -(-hidden // 128), "mxfp8": hidden + hidden // 32}[payload]
+    return x + 12 * k
+
+
 def all_reduce_bytes(tokens: int, hidden: int, world: int) -> int:
     """Bytes one rank sends (and receives) in a ring all-reduce of float32 [tokens, hidden]: 2 (W-1)/W of it."""
     return 2 * (world - 1) * tokens * hidden * 4 // world if world > 1 else 0
@@ -72,9 +87,7 @@ class AllToAll:
         """x [T, H] this rank's tokens, weights float32 [T, k], global ids [T, k] -> [T, H] in x.dtype.  Rows
         travel as the experts consume them: quantized once here where they quantize their input
         (``experts.quantize_input``: E4M3 + scales), else as x."""
-        owner = self.owner.to(idx.device)[idx]  # [T, k] rank of each slot's expert
-        dests = torch.arange(self.world, device=idx.device)
-        ids = torch.where(owner[:, None, :] == dests[None, :, None], idx[:, None, :], -1)  # [T, W, k]: each destination's slots
+        ids = destination_slots(idx, self.owner.to(idx.device), self.world)
         hit = (ids >= 0).any(-1)  # [T, W]
         quantize = getattr(experts, "quantize_input", None)
         q = quantize(x) if quantize is not None else None
@@ -135,9 +148,9 @@ class AllToAll:
         out = torch.zeros(rows, hidden, dtype=torch.float32, device=ids.device)
         if tok.numel():
             x, x_q = payload.rows(tok)
-            y = experts(x, w[tok, slot, None], local[tok, slot, None]) if x_q is None else \
-                experts(x, w[tok, slot, None], local[tok, slot, None], x_q=x_q)
-            out.index_add_(0, tok, y.to(torch.float32))
+            ones = torch.ones((tok.numel(), 1), dtype=w.dtype, device=w.device)  # weighted below, in float32 (ExpertParallel's rule)
+            y = experts(x, ones, local[tok, slot, None]) if x_q is None else experts(x, ones, local[tok, slot, None], x_q=x_q)
+            out.index_add_(0, tok, y.to(torch.float32) * w[tok, slot, None].to(torch.float32))
         return out
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from quantkit.engine.ep_exchange import row_bytes
+
 WORKER = Path(__file__).with_name("ep_worker.py")
 WORLD, H, K = 4, 8, 4
 
@@ -52,6 +54,7 @@ def test_all_to_all_equals_every_expert_in_one_process(results, mode):
     received = {ph: sum(res["traffic"][f"{ph}_received"] for res in results) for ph in ("dispatch", "combine")}
     assert sent == received  # every byte sent is received
     row = H * 4 + K * 8 + K * 4  # a token's hidden state (float32 here), its k ids (int64) and k weights
+    assert row_bytes(H, K, "f32") == row
     if mode == "variable":  # one row per (token, other rank holding one of its experts): a token is sent to a rank once
         for r, res in enumerate(results):
             assert res["traffic"]["dispatch_sent"] == res["pairs"] * row, r
@@ -74,4 +77,5 @@ def test_fp8_payload_is_what_the_experts_consume(results):
         assert res["y"].dtype == torch.bfloat16
         torch.testing.assert_close(res["y"].float(), res["ref"].float(), rtol=2**-7, atol=1e-3, msg=f"rank {r}")
         row = 128 * 1 + 4 + K * 8 + K * 4  # 128 E4M3 bytes, one float32 scale, the ids and weights
+        assert row_bytes(128, K, "fp8-block") == row
         assert res["traffic"]["dispatch_sent"] == res["pairs"] * row, r

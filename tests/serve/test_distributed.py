@@ -53,10 +53,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(dst, world: int) -> list[subprocess.Popen]:
+def launch(dst, world: int, extra: tuple[str, ...] = ()) -> list[subprocess.Popen]:
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world)}
     cmd = [sys.executable, "-m", "quantkit", "serve", str(dst), "--device", "cpu", "--dtype", "float32", "--no-act-quant",
-           "--port", "0", "--kv-cache-gib", "0.01", "--max-model-len", "128", "--max-num-batched-tokens", "8"]
+           "--port", "0", "--kv-cache-gib", "0.01", "--max-model-len", "128", "--max-num-batched-tokens", "8", *extra]
     return [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stderr=subprocess.PIPE, text=True)
             for r in range(world)]
 

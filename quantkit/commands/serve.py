@@ -94,7 +94,8 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
         click.echo(f"rank {server.rank}: holding its share of the model, following rank 0", err=True)
         try:
             steps = server.serve()
-            click.echo(f"rank {server.rank}: stopped after {steps} steps with its group's tokens", err=True)
+            held = server.cache.num_blocks - len(server.cache.free_blocks)
+            click.echo(f"rank {server.rank}: stopped after {steps} steps with its group's tokens, {held} KV blocks held", err=True)
         except EngineBroken as e:
             raise click.ClickException(str(e)) from None
         finally:

@@ -7,7 +7,8 @@ model and cache, the others' on caches of block tables alone) and, each step:
 
 1. schedules every group and broadcasts all their plans at once (released sequences, new-token
    counts, token ids, logit rows, the rows wanted on the host) on the control group;
-2. runs group 0's forward; every rank runs its group's (an idle group only joins the MoE exchange,
+2. runs group 0's forward (and allocates the other groups' blocks in their block tables, as their
+   ranks do in their caches); every rank runs its group's (an idle group only joins the MoE exchange,
    :func:`quantkit.engine.parallel.idle_step`), so every block table matches its scheduler's;
 3. takes back from each other group's first rank the argmax of every logit row and the rows wanted
    on the host (one ``gather_object``, only in steps where another group has rows), and samples.
@@ -131,6 +132,9 @@ class DPEngine:
             released = e.take_released()
             plans.append((released, [], EMPTY, [], []) if st is None else (released, st.order, st.tokens, st.rows, e.host_rows(st)))
         dist.broadcast_object_list([("step", plans)], src=0, group=self.ctrl)
+        for e, st in zip(self.engines[1:], steps[1:]):  # the block tables the other groups' ranks allocate now
+            if st is not None:
+                e.cache.schedule(dict(st.order))
         _, order, tokens, rows, need = plans[0]
         logits = forward_step(self.model, self.cache, order, tokens, rows, [len(p[2]) for p in plans])
         results = [to_host(logits, need)]

@@ -48,10 +48,11 @@ def url_of(proc: subprocess.Popen) -> str:
 
 
 def busy_steps(proc: subprocess.Popen) -> int:
-    """A rank's report at exit: the steps in which its DP group had tokens."""
+    """A rank's report at exit: the steps in which its DP group had tokens (its KV cache must be empty again:
+    every sequence its group ran was released on rank 0's word)."""
     err = proc.stderr.read()
-    m = re.search(r"stopped after (\d+) steps with its group's tokens", err)
-    assert m, err[-3000:]
+    m = re.search(r"stopped after (\d+) steps with its group's tokens, (\d+) KV blocks held", err)
+    assert m and m.group(2) == "0", err[-3000:]
     return int(m.group(1))
 
 
@@ -98,4 +99,50 @@ def test_a_killed_rank_ends_every_process_with_a_clear_error(ckpt, model, tmp_pa
     finally:
         for p in procs:
             p.kill()
+            p.stderr.close()
+
+
+def test_the_front_end_spreads_requests_by_load(model):
+    """Fewest running + waiting sequences first, then most free KV blocks; aborts and counters per group."""
+    from quantkit.engine.kv_cache import KVCache
+    from quantkit.serve.dp import DPEngine
+    from quantkit.serve.sampling import SamplingParams
+    from quantkit.serve.scheduler import LLMEngine
+
+    m = model("qwen3-moe")
+    engines = [LLMEngine(m, 8, 16, max_model_len=64)] + [LLMEngine(m, 8, 16, max_model_len=64, cache=KVCache([], n, 16))
+                                                          for n in (16, 12)]
+    front = DPEngine(engines, None, 1, idle_tick_s=1.0)
+    params = SamplingParams(max_tokens=2, temperature=0.0)
+    reqs = [front.add_request([1, 2, 3], params) for _ in range(4)]
+    assert [front.group_of[r] for r in reqs] == [1, 2, 0, 1]  # equal loads: the most free blocks first
+    assert [len(e.waiting) for e in engines] == [1, 2, 1] and len(front.waiting) == 4
+    front.abort(reqs[1])
+    assert reqs[1].finish_reason == "abort" and reqs[1] not in engines[2].waiting
+    assert front.stats.finished == {"abort": 1}
+
+
+@pytest.mark.slow
+def test_two_torchrun_nodes_on_loopback_serve_as_one(ckpt, model, tmp_path):
+    """``torchrun --nnodes 2 --nproc-per-node 2`` twice (node ranks 0 and 1): DP 4 x TP 1 over both 'nodes'."""
+    dst, src, whole = sharded(ckpt, model, tmp_path, "gpt-oss", 4, 1)
+    port = str(free_port())
+    serve = ["-m", "quantkit", "serve", str(dst), "--device", "cpu", "--dtype", "float32", "--no-act-quant", "--port", "0",
+             "--kv-cache-gib", "0.01", "--max-model-len", "128", "--max-num-batched-tokens", "8"]
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+                               "--node-rank", str(n), "--master-addr", "127.0.0.1", "--master-port", port, *serve],
+                              stderr=subprocess.PIPE, text=True) for n in (0, 1)]
+    try:
+        lines = []
+        while not any("serving ep2 on" in s for s in lines):
+            lines.append(nodes[0].stderr.readline())
+            assert lines[-1], "".join(lines)
+        url = re.search(r"serving \S+ on (http://\S+) ", lines[-1]).group(1)
+        body = {"prompt": PROMPTS, "max_tokens": N, "temperature": 0, "ignore_eos": True, "n": 2, "echo": True, "logprobs": 1}
+        check_choices(post(url + "/v1/completions", body), whole, ModelText(src, whole.config), {})
+    finally:
+        for p in nodes:
+            p.send_signal(signal.SIGTERM)
+        for p in nodes:
+            p.wait(timeout=60)  # both launches end (no rank left waiting)
             p.stderr.close()

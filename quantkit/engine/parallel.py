@@ -84,11 +84,13 @@ class DPExchange:
         self.dp, self.tp, self.tp_group = dp, tp, tp_group
         self.rank = dist.get_rank()
         self.sizes = [0] * dp
+        self.rows: torch.Tensor | None = None
 
     def begin(self, sizes: list[int]) -> None:
         if len(sizes) != self.dp:
             raise ValueError(f"a step of {self.dp} DP groups needs {self.dp} token counts, got {len(sizes)}")
         self.sizes = [int(n) for n in sizes]
+        self.rows = None  # made by the step's first MoE layer, on the device
 
     @property
     def chunk(self) -> int:
@@ -116,7 +118,9 @@ class DPExchange:
         r_all = torch.empty(world * c, 2 * k, dtype=torch.float32, device=x.device)
         _all_gather_1(x_all, xs)
         _all_gather_1(r_all, rs)
-        rows = self._rows(x.device)
+        if self.rows is None:
+            self.rows = self._rows(x.device)
+        rows = self.rows
         r_all = r_all[rows]
         return x_all[rows], r_all[:, :k], r_all[:, k:].to(torch.int64), rows
 

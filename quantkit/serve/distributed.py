@@ -70,6 +70,10 @@ def worker_loop(model, cache, group, rank: int, tp: int) -> int:
                     return steps
                 if msg[0] == "tick":
                     continue
+                if msg[0] == "release":  # no step: the sequences rank 0 released last
+                    for sid in msg[1][d]:
+                        cache.release(sid)
+                    continue
                 steps += _replay(model, cache, group, msg[1], d, leader, head_collective)
             except Exception as e:
                 raise RanksLost(f"rank {rank}: sharded serving lost rank 0 or another rank (stopped, or past "

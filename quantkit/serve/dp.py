@@ -13,6 +13,9 @@ model and cache, the others' on caches of block tables alone) and, each step:
 3. takes back from each other group's first rank the argmax of every logit row and the rows wanted
    on the host (one ``gather_object``, only in steps where another group has rows), and samples.
 
+Sequences released after the last step (finished, aborted) are sent on their own, so every rank's
+cache is empty again when the server is.
+
 New requests go to the group with the fewest running and waiting sequences, then the most free KV
 blocks.  The HTTP server hands requests to :class:`DPEngine` as to an ``LLMEngine``.  While idle the
 engine thread sends a heartbeat every ``idle_tick_s``, so that the other ranks' waits stay within
@@ -76,7 +79,8 @@ class DPEngine:
             self.engines[d].abort(r)
 
     def has_work(self) -> bool:
-        return any(e.has_work() for e in self.engines)
+        """Requests to run, or released sequences the other ranks have not been told of yet."""
+        return any(e.has_work() or e.released for e in self.engines)
 
     @property
     def waiting(self) -> list[Request]:
@@ -109,9 +113,10 @@ class DPEngine:
         if self.broken is not None:
             raise self.broken
         steps = [e.prepare() for e in self.engines]
-        if all(st is None for st in steps):
-            return []
         try:
+            if all(st is None for st in steps):  # the last requests finished: their ranks release them now
+                dist.broadcast_object_list([("release", [e.take_released() for e in self.engines])], src=0, group=self.ctrl)
+                return []
             results = self._run(steps)
         except Exception as e:
             self.broken = RanksLost(f"a sharded step failed, serving stops: {type(e).__name__}: {e}")

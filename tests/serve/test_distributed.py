@@ -62,7 +62,7 @@ def launch(dst, world: int, extra: tuple[str, ...] = ()) -> list[subprocess.Pope
 
 
 CASES = [("qwen3-moe", 2, 1), ("gpt-oss", 2, 1), ("deepseek-v3", 2, 1),  # expert parallel
-         ("qwen3-moe", 2, 2), ("gpt-oss", 4, 2), ("deepseek-v3", 2, 2)]  # + tensor parallel (gpt-oss: 2 DP replicas of TP 2)
+         ("qwen3-moe", 2, 2), ("gpt-oss", 4, 2), ("deepseek-v3", 2, 2)]  # + tensor parallel (gpt-oss: 2 DP groups of TP 2)
 
 
 def post(url: str, body: dict) -> dict:
@@ -85,7 +85,7 @@ def check_choices(got: dict, whole, text, bias: dict[int, float]) -> list[list[i
 
 
 CASES = [("qwen3-moe", 2, 1), ("gpt-oss", 2, 1), ("deepseek-v3", 2, 1),  # expert parallel
-         ("qwen3-moe", 2, 2), ("gpt-oss", 4, 2), ("deepseek-v3", 2, 2),  # + tensor parallel (gpt-oss: 2 DP replicas of TP 2)
+         ("qwen3-moe", 2, 2), ("gpt-oss", 4, 2), ("deepseek-v3", 2, 2),  # + tensor parallel (gpt-oss: 2 DP groups of TP 2)
          ("qwen3", 2, 2)]  # tensor parallel alone (a dense model)
 
 

@@ -22,7 +22,7 @@ import re
 import shutil
 import struct
 import time
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -423,9 +423,10 @@ class CheckpointWriter:
     """Atomic writer of a checkpoint directory: everything lands in a partial sibling, renamed at the end."""
 
     def __init__(self, dst: str | Path, *, force: bool = False, resume: bool = False, job: dict | None = None,
-                 command: str = "quantkit", sources: dict[str, dict[str, str]] | None = None) -> None:
-        """``sources``: per output file, the sha256 of each source file it is made from; --resume keeps
-        a file only if these are the same now (headers alone prove nothing: a fixed shard keeps its header)."""
+                 command: str = "quantkit", sources: Mapping[str, dict[str, str]] | None = None) -> None:
+        """``sources.get(file, {})``: the sha256 of each source file output ``file`` is made from (may wait
+        for them); --resume keeps a file only if these are the same now (headers alone prove nothing: a
+        fixed shard keeps its header)."""
         self.dst = destination.named(dst)  # a symlink DST is the link itself (quantkit/destination.py)
         self.tmp = destination.sibling(self.dst, "partial")
         self.force = force

@@ -11,12 +11,12 @@ import click
 @click.command()
 @click.argument("src", type=click.Path(exists=True, file_okay=False))
 @click.argument("dst", type=click.Path())
-@click.option("--to", "to", required=True, type=click.Choice(["fp8-block", "mxfp8", "bf16"]), help="Target format.")
+@click.option("--to", "to", required=True, type=click.Choice(["fp8-block", "mxfp8", "mxfp4", "bf16"]), help="Target format (mxfp4: GPT-OSS's own layout for its experts; compressed-tensors MXFP4 for other families).")
 @click.option("--rounding", type=click.Choice(["nearest", "stochastic"]), default="nearest", show_default=True,
               help="Element rounding (exact paths round nothing).")
 @click.option("--seed", type=int, default=None, help="Seed of --rounding stochastic (default 0).")
 @click.option("--scale-rule", type=click.Choice(["floor", "rceil"]), default=None,
-              help="E8M0 scale rule for mxfp8 and ue8m0 fp8-block scales (default rceil: never clips, as cuBLAS/TransformerEngine).")
+              help="E8M0 scale rule for mxfp8, mxfp4 and ue8m0 fp8-block scales (default rceil: never clips, as cuBLAS/TransformerEngine).")
 @click.option("--scale-fmt", type=click.Choice(["float", "ue8m0"]), default=None,
               help="fp8-block scale format (default: the source's fp8-block format, else float).")
 @click.option("--ignore", multiple=True, metavar="GLOB", help="Keep matching weights (or modules) in source precision; repeatable.")

@@ -73,3 +73,34 @@ def accuracy(candidates: tuple[str, ...], reference: str, impl: str, data: str |
         click.echo(f"wrote {plot_kld(rep, plot)}", err=True)
     if not rep.passed:
         raise SystemExit(1)
+
+
+@eval_group.command("expert-load")
+@click.argument("ckpt", type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="JSON file to write: shard's --expert-load.")
+@click.option("--data", default=None, metavar="FILE|random",
+              help="Text file to tokenize with CKPT's tokenizer, or 'random'. Default: the bundled public-domain text.")
+@click.option("--tokens", type=click.IntRange(min=4), default=4096, show_default=True, help="Tokens routed: tokens // ctx windows.")
+@click.option("--ctx", type=click.IntRange(min=4), default=512, show_default=True, help="Window length in tokens.")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N or auto.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="bfloat16", show_default=True)
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
+def expert_load(ckpt: str, out: str, data: str | None, tokens: int, ctx: int, device: str, dtype: str, force: bool, as_json: bool) -> None:
+    """Count how often the engine's routers pick each routed expert of every MoE layer (DeepSeek's MTP
+    layer too) on some text: the --expert-load file of `quantkit shard --placement balanced`."""
+    from ..eval.expert_load import expert_load as count, write_load
+
+    if Path(out).exists() and not force:
+        raise click.ClickException(f"{out} exists: pass --force to replace it")
+    if data is not None and data != "random" and not Path(data).is_file():
+        raise click.ClickException(f"--data {data}: no such file (or use --data random)")
+    try:
+        rep = count(ckpt, data=data, tokens=tokens, ctx=ctx, device=_device(device), dtype=dtype)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    write_load(rep, out, force=True)
+    if as_json:
+        click.echo(json.dumps(rep))
+    else:
+        click.echo(f"wrote {out}: routing counts of {len(rep['layers'])} MoE layers over {rep['tokens']} tokens ({rep['data']})")

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .qlinear import Linear
+from .qlinear import Linear, linear
 
 # one collective under its torch 2.13 name (the H200 image's 2.11 has only the older one)
 _all_gather_1 = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -49,8 +49,13 @@ class ExpertParallel:
 
     def routed(self, experts, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """This rank's (token, slot) pairs whose expert is local run as rows of their own (one slot each,
-        so the work is the local pairs only), summed per token in float32, then over the ranks.  With DP
-        groups (``dp``) the pairs are those of every group's tokens, gathered first and scattered back after."""
+        so the work is the local pairs only), weighted and summed per token in float32, then over the ranks.
+        With DP groups (``dp``) the pairs are those of every group's tokens, gathered first and scattered
+        back after.
+
+        The experts run with routing weight 1 and the weight is applied here: as in the unsharded
+        experts (fused_moe), an expert's output is rounded to x.dtype once and its weighted share stays
+        float32 until the sum; a weight applied inside would round every share to x.dtype as well."""
         n = x.shape[0]
         if self.dp is not None:
             x_all, weights, idx, rows = self.dp.gather(x, weights, idx)
@@ -60,8 +65,9 @@ class ExpertParallel:
         tok, slot = torch.where(local >= 0)
         out = torch.zeros(x_all.shape, dtype=torch.float32, device=x.device)
         if tok.numel():
-            y = experts(x_all[tok], weights[tok, slot, None], local[tok, slot, None])
-            out.index_add_(0, tok, y.to(torch.float32))
+            ones = torch.ones((tok.numel(), 1), dtype=weights.dtype, device=x.device)
+            y = experts(x_all[tok], ones, local[tok, slot, None])  # [pairs, H] x.dtype: each expert's output, unweighted
+            out.index_add_(0, tok, y.to(torch.float32) * weights[tok, slot, None].to(torch.float32))
         if self.dp is not None:
             return self.dp.combine(out, rows, n).to(x.dtype)
         dist.all_reduce(out, group=self.group)
@@ -158,26 +164,26 @@ def idle_step(model, sizes: list[int]) -> None:
 
 class RowParallel(Linear):
     """A projection whose input features are split over the TP group (``o_proj``, a dense or shared
-    expert's ``down_proj``): each rank's partial product, summed in float32 by one all-reduce, then the
-    bias, which every rank holds whole, once."""
+    expert's ``down_proj``): each rank's partial product in float32, summed by one float32 all-reduce,
+    then the bias, which every rank holds whole, once, and one rounding to the output dtype, as the
+    whole projection rounds its float32 product once (partials rounded first would add a rounding each)."""
 
     def __init__(self, inner: Linear, group) -> None:
         super().__init__(inner.weight, None)
         self.register_buffer("whole_bias", inner.bias)
         self.group = group
 
-    def _sum(self, y: torch.Tensor) -> torch.Tensor:
-        out = y.to(torch.float32)
-        dist.all_reduce(out, group=self.group)
+    def _sum(self, y: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        dist.all_reduce(y, group=self.group)
         if self.whole_bias is not None:
-            out = out + self.whole_bias.to(torch.float32)
-        return out.to(y.dtype)
+            y = y + self.whole_bias.to(torch.float32)
+        return y.to(out_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._sum(super().forward(x))
+        return self._sum(linear(x, self.weight, out_dtype=torch.float32), x.dtype)
 
     def quantized(self, a: torch.Tensor, a_scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-        return self._sum(super().quantized(a, a_scale, out_dtype))
+        return self._sum(super().quantized(a, a_scale, torch.float32), out_dtype)
 
 
 class VocabParallelHead(nn.Module):

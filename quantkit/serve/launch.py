@@ -38,15 +38,9 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
 
     root, man, ctrl, rank, tp, dp = Path(ckpt), distributed.sharded_root(ckpt), None, 0, 1, 1
     if man is not None:
-        rank, world, path = distributed.launch_info(root, man)
-        dev, ctrl = parallel.init(device, dist_timeout_s)
+        model, ctrl, rank, path = load_rank(root, man, device, dtype, act_quant, backend, dist_timeout_s, dp_groups=True)
         tp = int(man["parallel"].get("tp", 1))
-        dp = world // tp
-        tp_group = parallel.tp_groups(world, tp) if tp > 1 else None
-        model = load(path, dev, getattr(torch, dtype), act_quant=act_quant, backend=backend, rank_of_shard=True)
-        parallel.attach(model, dp, tp, tp_group)
-        if tp_group is not None:
-            parallel.attach_tp(model, tp_group)
+        dp = int(man["parallel"]["world_size"]) // tp
     else:
         path = root
         model = load(path, device, getattr(torch, dtype), act_quant=act_quant, backend=backend)
@@ -84,6 +78,27 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
     server = Server((host, port), engine, text, model_name or root.resolve().name, limits)
     server.ctrl = ctrl
     return server
+
+
+def load_rank(root: Path, man: dict, device: str, dtype: str, act_quant: bool = True, backend: str = "auto",
+              dist_timeout_s: float = 300.0, dp_groups: bool = False):
+    """This process's rank of a ``quantkit shard`` output (torchrun's environment says which), joined to
+    its process groups with its expert- and tensor-parallel layers attached: (model, gloo control group,
+    rank, rank directory).  ``dp_groups``: each DP group runs its own tokens (serving), the MoE layers
+    exchange them (:class:`..engine.parallel.DPExchange`); otherwise every rank runs the same batch."""
+    from ..engine import parallel
+    from ..engine.loader import load
+    from . import distributed
+
+    rank, world, path = distributed.launch_info(root, man)
+    dev, ctrl = parallel.init(device, dist_timeout_s)
+    tp = int(man["parallel"].get("tp", 1))
+    tp_group = parallel.tp_groups(world, tp) if tp > 1 else None
+    model = load(path, dev, getattr(torch, dtype), act_quant=act_quant, backend=backend, rank_of_shard=True)
+    parallel.attach(model, world // tp if dp_groups else 1, tp, tp_group)
+    if tp_group is not None:
+        parallel.attach_tp(model, tp_group)
+    return model, ctrl, rank, path
 
 
 class Worker:

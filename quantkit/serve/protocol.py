@@ -280,6 +280,15 @@ def sampling(req: CompletionRequest | ChatRequest) -> tuple[SamplingParams, int,
     return params, n, max_tokens is not None
 
 
+def choice_seed(seed: int | None, j: int) -> int | None:
+    """The seed of choice j of a request seeded ``seed``: seed + j, wrapped within the 64 bits a generator takes
+    (``seed: 2**64 - 1, n: 2`` made a seed one past them, and a 500)."""
+    if seed is None:
+        return None
+    s = seed + j
+    return s - 2**64 if s >= 2**64 else s
+
+
 def fit_max_tokens(p: SamplingParams, bounded: bool, prompt_len: int, max_model_len: int) -> SamplingParams:
     """The params of one prompt: without a bound, max_tokens is what the context length leaves."""
     return p if bounded else replace(p, max_tokens=max(0, max_model_len - prompt_len))

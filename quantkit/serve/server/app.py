@@ -169,7 +169,7 @@ def create_app(server) -> FastAPI:
             p = proto.fit_max_tokens(params, bounded, len(ids), eng.max_model_len)
             tokens += n * (len(ids) + p.max_tokens)
             for j in range(n):
-                pj = p if p.seed is None or j == 0 else replace(p, seed=p.seed + j)
+                pj = p if p.seed is None or j == 0 else replace(p, seed=proto.choice_seed(p.seed, j))
                 out.append((pi * n + j, ids, pj, detok(pj)))
         if tokens > lim.max_tokens_per_request:
             raise proto.ProtocolError(f"this request asks for {tokens} tokens (prompt + max_tokens over its sequences), more "

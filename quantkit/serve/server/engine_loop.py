@@ -153,8 +153,15 @@ class EngineLoop(threading.Thread):
             raise Busy(f"{waiting} sequences are waiting for admission (at most {self.max_waiting}): try again shortly")
         for _, prompt, params, _ in items:  # check all before queuing any
             self.engine.check_request(prompt, params)
+        reqs = []
         with self.lock:
-            reqs = [self.engine.add_request(p, params, f"{uuid.uuid4().hex}-{i}", detok, checked=True) for i, p, params, detok in items]
+            try:
+                for i, p, params, detok in items:
+                    reqs.append(self.engine.add_request(p, params, f"{uuid.uuid4().hex}-{i}", detok, checked=True, group=sink))
+            except BaseException:  # all or nothing: no sequence of a refused request is left running
+                for r in reqs:
+                    self.engine.abort(r)
+                raise
         for (i, *_), r in zip(items, reqs):
             self.sinks[r] = (i, sink, [0])
         return reqs
@@ -177,6 +184,9 @@ class EngineLoop(threading.Thread):
         if sink is None:
             return
         index, out, sent = sink
+        if r.error is not None:  # it failed alone: its HTTP request fails (its other choices aborted), no one else's
+            print(f"request {r.id} failed: {r.error}", file=sys.stderr)
+            return self._fail_sink(out, RuntimeError(f"the engine failed on this request: {r.error}"))
         d = Delta(index, r.detok.delta() if r.detok is not None else "", r.output[sent[0]:], r.logprobs[sent[0]:])
         sent[0] = len(r.output)
         if r.finished:  # the detokenizer was finished with the request: its delta above holds the rest
@@ -191,6 +201,13 @@ class EngineLoop(threading.Thread):
                 self.engine.abort(r)
                 _, out, _ = self.sinks.pop(r)
                 self.outbox[out.loop].append((out.queue, e))
+
+    def _fail_sink(self, sink: Sink, e: Exception) -> None:
+        with self.lock:
+            for r in [r for r, (_, out, _) in self.sinks.items() if out is sink]:
+                self.engine.abort(r)
+                del self.sinks[r]
+        self.outbox[sink.loop].append((sink.queue, e))
 
     def _refuse_inbox(self) -> None:
         while True:

@@ -25,6 +25,7 @@ longer be trusted to be in step, so the server stops (a dead rank is an error, n
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import fields
 
 import torch
@@ -65,11 +66,12 @@ class DPEngine:
         return min(load)[2]
 
     def add_request(self, prompt: list[int], params: SamplingParams, request_id: str | None = None,
-                    detok: Detokenizer | None = None, checked: bool = False) -> Request:
+                    detok: Detokenizer | None = None, checked: bool = False, group: Hashable | None = None) -> Request:
+        """Queue a request in the group :meth:`pick` names (``group``: its client request, as for LLMEngine)."""
         if self.broken is not None:
             raise RequestError(f"sharded serving has stopped: {self.broken}")
         d = self.pick()
-        r = self.engines[d].add_request(prompt, params, request_id, detok, checked)
+        r = self.engines[d].add_request(prompt, params, request_id, detok, checked, group)
         self.group_of[r] = d
         return r
 

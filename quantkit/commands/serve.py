@@ -91,6 +91,9 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
 
     signal.signal(signal.SIGTERM, interrupt)
     if isinstance(server, Worker):  # sharded serving: ranks > 0 replay rank 0's steps
+        # Ctrl-C reaches every process of the terminal: rank 0 stops the server and sends the stop message, so the
+        # other ranks leave after it and exit 0 (interrupted mid-collective they would exit 1, a failure to torchrun)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         click.echo(f"rank {server.rank}: holding its share of the model, following rank 0", err=True)
         try:
             steps = server.serve()

@@ -10,7 +10,8 @@ expert e.  Per MoE layer:
    hidden state and, in a metadata exchange beside it, the token's k expert ids with the slots of
    other ranks set to -1 and its k weights.  Rows go out grouped by destination, tokens ascending.
 2. each rank runs its local (token, slot) pairs as one-slot rows (:class:`.parallel.ExpertParallel`'s
-   rule, so its expert work is its own pairs only) and sums them per received row in float32;
+   rule, so its expert work is its own pairs only), weights each expert's output in float32 and sums
+   them per received row in float32;
 3. **combine**: the float32 partial sums go back along the same splits, reversed, and the sender
    adds them per token in float32 (ascending destination rank), then rounds once to x's dtype.
 
@@ -147,9 +148,9 @@ class AllToAll:
         out = torch.zeros(rows, hidden, dtype=torch.float32, device=ids.device)
         if tok.numel():
             x, x_q = payload.rows(tok)
-            y = experts(x, w[tok, slot, None], local[tok, slot, None]) if x_q is None else \
-                experts(x, w[tok, slot, None], local[tok, slot, None], x_q=x_q)
-            out.index_add_(0, tok, y.to(torch.float32))
+            ones = torch.ones((tok.numel(), 1), dtype=w.dtype, device=w.device)  # weighted below, in float32 (ExpertParallel's rule)
+            y = experts(x, ones, local[tok, slot, None]) if x_q is None else experts(x, ones, local[tok, slot, None], x_q=x_q)
+            out.index_add_(0, tok, y.to(torch.float32) * w[tok, slot, None].to(torch.float32))
         return out
 
 

@@ -24,6 +24,7 @@ import torch
 from ..engine import load
 from ..engine.batch import Batch
 from ..engine.layers.moe import MoE
+from ..progress import Progress
 from .data import make_windows
 
 
@@ -37,8 +38,9 @@ def _moe_layers(model) -> dict[int, MoE]:
 
 @torch.no_grad()
 def expert_load(ckpt: str | Path, data: str | None = None, tokens: int = 4096, ctx: int = 512, device: str = "cpu",
-                dtype: str = "bfloat16", seed: int = 0) -> dict:
-    """Routing counts per MoE layer over ``tokens // ctx`` windows of ``data``; see the module docstring."""
+                dtype: str = "bfloat16", seed: int = 0, progress: str = "off") -> dict:
+    """Routing counts per MoE layer over ``tokens // ctx`` windows of ``data``; see the module docstring.
+    ``progress``: a :mod:`quantkit.progress` style."""
     model = load(ckpt, device, getattr(torch, dtype))
     layers = _moe_layers(model)
     if not layers:
@@ -53,11 +55,13 @@ def expert_load(ckpt: str | Path, data: str | None = None, tokens: int = 4096, c
     handles = [moe.router.register_forward_hook(counter(i)) for i, moe in layers.items()]
     try:
         win = make_windows(ckpt, data, tokens, ctx, int(model.config["vocab_size"]), seed)
-        for ids in win.tokens.to(model.device):
-            h = model.hidden(ids)
-            if model.mtp is not None:  # predicts token t+2 from token t+1's embedding and token t's hidden state
-                n = ids.numel() - 1
-                model.mtp(ids[1:], h[:-1], Batch((0, n), torch.arange(1, n + 1, device=model.device)))
+        with Progress("expert load", win.tokens.shape[0], "window", progress) as bar:
+            for ids in win.tokens.to(model.device):
+                h = model.hidden(ids)
+                if model.mtp is not None:  # predicts token t+2 from token t+1's embedding and token t's hidden state
+                    n = ids.numel() - 1
+                    model.mtp(ids[1:], h[:-1], Batch((0, n), torch.arange(1, n + 1, device=model.device)))
+                bar.update(1)
     finally:
         for handle in handles:
             handle.remove()

@@ -29,7 +29,7 @@ def shard(
     dry_run: bool = False,
     hardlinks: bool = True,
     max_shard_size: str | int = DEFAULT_MAX_SHARD,
-    progress: bool = False,
+    progress: str = "off",
     workers: int = 1,
 ) -> dict:
     """Split SRC into DST/rank-XXXXX-of-NNNNN/ directories plus DST/quantkit.json; return the report."""

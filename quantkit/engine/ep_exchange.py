@@ -175,3 +175,57 @@ class Payload:
             return self.tensors[0][tok], None
         q, s = self.tensors
         return torch.empty(tok.numel(), q.shape[1], dtype=self.dtype, device=q.device), (q[tok], s[tok])
+
+
+class ExchangeStep:
+    """What every MoE layer of a step agrees on: the step's token count per DP group (rank 0 sends them
+    with the step) decides fixed capacity (every rank's share fits ``capacity``) or variable splits, the
+    same on every rank, so the ranks' all-to-alls match."""
+
+    def __init__(self, capacity: int, tp: int) -> None:
+        self.capacity, self.tp, self.fixed = capacity, tp, False
+
+    def begin(self, sizes: list[int]) -> None:
+        self.fixed = max(-(-int(n) // self.tp) for n in sizes) <= self.capacity
+
+
+class ExpertExchange:
+    """A MoE layer's routed experts over all ranks by all-to-all (:class:`AllToAll`), in the interface of
+    :class:`.parallel.ExpertParallel`: the TP ranks of a group hold the same tokens, so TP rank t brings
+    rows [t c, (t + 1) c) of them (c = ceil(T / tp)) and the group's shares are all-gathered after."""
+
+    def __init__(self, a2a: AllToAll, step: ExchangeStep, tp: int, tp_group) -> None:
+        self.a2a, self.step, self.tp, self.tp_group = a2a, step, tp, tp_group
+
+    def routed(self, experts, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        c = -(-t // self.tp)
+        start = (self.a2a.rank % self.tp) * c
+        share = slice(start, min(t, start + c))
+        y = self.a2a.routed(experts, x[share], weights[share], idx[share], fixed=self.step.fixed)  # [n, H] x.dtype
+        if self.tp == 1:
+            return y
+        mine = torch.zeros(c, x.shape[1], dtype=y.dtype, device=y.device)
+        mine[: y.shape[0]] = y
+        group = torch.empty(self.tp * c, x.shape[1], dtype=y.dtype, device=y.device)
+        dist.all_gather_into_tensor(group, mine, group=self.tp_group)
+        return group[:t]
+
+
+def attach_all_to_all(moe: list[tuple[int, object]], experts_of: dict[str, list[int]], n_global: int, tp: int, tp_group,
+                      max_num_seqs: int) -> ExchangeStep:
+    """Give each MoE layer (index, module) an :class:`ExpertExchange`; every rank's expert ids per layer are
+    gathered once (the owner table).  The returned :class:`ExchangeStep` takes each step's sizes."""
+    lists = [None] * dist.get_world_size()
+    dist.all_gather_object(lists, {str(i): experts_of[str(i)] for i, _ in moe})
+    step = ExchangeStep(-(-max_num_seqs // tp), tp)
+    for i, mlp in moe:
+        owner = [-1] * n_global
+        for r, held in enumerate(lists):
+            for e in held[str(i)]:
+                owner[e] = r
+        if min(owner) < 0:
+            raise ValueError(f"MoE layer {i}: experts {[e for e, r in enumerate(owner) if r < 0]} are on no rank")
+        a2a = AllToAll(owner, experts_of[str(i)], capacity=step.capacity)
+        mlp.ep = ExpertExchange(a2a, step, tp, tp_group)
+    return step

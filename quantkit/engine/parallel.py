@@ -277,9 +277,11 @@ def init(device: str, timeout_s: float = 300.0) -> tuple[torch.device, object]:
     return dev, ctrl
 
 
-def attach(model, dp: int = 1, tp: int = 1, tp_group=None) -> int:
-    """Give every MoE layer of a rank's model its expert-parallel reduction over all ranks (with ``dp`` > 1
-    groups, the token exchange of :class:`DPExchange`, also ``model.dp_exchange``); the number of MoE layers."""
+def attach(model, dp: int = 1, tp: int = 1, tp_group=None, exchange: str = "all-reduce", max_num_seqs: int = 64) -> int:
+    """Give every MoE layer of a rank's model its expert-parallel exchange over all ranks (with ``dp`` > 1
+    groups, the token exchange of :class:`DPExchange`, also ``model.dp_exchange``; with ``exchange``
+    "all-to-all", :mod:`.ep_exchange`'s dispatch and combine, its decode capacity from ``max_num_seqs``);
+    the number of MoE layers."""
     from .layers.moe import MoE
 
     blocks = list(enumerate(model.layers))
@@ -290,6 +292,13 @@ def attach(model, dp: int = 1, tp: int = 1, tp_group=None) -> int:
         return 0
     shard = model.config["quantkit_shard"]
     n_global = int(next(model.config[k] for k in ("n_routed_experts", "num_experts", "num_local_experts") if k in model.config))
+    if exchange == "all-to-all":
+        from .ep_exchange import attach_all_to_all
+
+        model.dp_exchange = attach_all_to_all(moe, shard["experts"], n_global, tp, tp_group, max_num_seqs)
+        return len(moe)
+    if exchange != "all-reduce":
+        raise ValueError(f"expert exchange must be all-reduce or all-to-all, not {exchange!r}")
     exchange = DPExchange(dp, tp, tp_group) if dp > 1 else None
     model.dp_exchange = exchange
     for i, mlp in moe:

@@ -146,3 +146,24 @@ def test_two_torchrun_nodes_on_loopback_serve_as_one(ckpt, model, tmp_path):
         for p in nodes:
             p.wait(timeout=60)  # both launches end (no rank left waiting)
             p.stderr.close()
+
+
+A2A_CASES = [("qwen3-moe", 1), ("gpt-oss", 2)]
+
+
+@pytest.mark.parametrize("family,tp", A2A_CASES, ids=[f"{f}-dp{4 // t}-tp{t}" for f, t in A2A_CASES])
+def test_all_to_all_exchange_serves_the_whole_models_tokens(ckpt, model, tmp_path, family, tp):
+    """--ep-exchange all-to-all: prefill steps with variable splits, decode steps at fixed capacity (the
+    batch fits max_num_seqs), both giving the whole model's greedy tokens and echoed log-probs."""
+    dst, src, whole = sharded(ckpt, model, tmp_path, family, 4, tp)
+    procs = launch(dst, 4, ("--ep-exchange", "all-to-all", "--max-num-seqs", "8"))
+    try:
+        url, text = url_of(procs[0]), ModelText(src, whole.config)
+        body = {"prompt": PROMPTS, "max_tokens": N, "temperature": 0, "ignore_eos": True, "n": 2, "echo": True, "logprobs": 1}
+        check_choices(post(url + "/v1/completions", body), whole, text, {})
+        procs[0].send_signal(signal.SIGTERM)
+        assert [p.wait(timeout=60) for p in procs] == [0] * 4
+    finally:
+        for p in procs:
+            p.kill()
+            p.stderr.close()

@@ -81,12 +81,13 @@ class AllToAll:
         g2l[torch.tensor(local_ids, dtype=torch.int64)] = torch.arange(len(local_ids))
         self.g2l, self.group, self.capacity = g2l, group, capacity
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        self.traffic = Traffic()
+        self.traffic, self.calls = Traffic(), 0
 
     def routed(self, experts, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, fixed: bool = False) -> torch.Tensor:
         """x [T, H] this rank's tokens, weights float32 [T, k], global ids [T, k] -> [T, H] in x.dtype.  Rows
         travel as the experts consume them: quantized once here where they quantize their input
         (``experts.quantize_input``: E4M3 + scales), else as x."""
+        self.calls += 1
         ids = destination_slots(idx, self.owner.to(idx.device), self.world)
         hit = (ids >= 0).any(-1)  # [T, W]
         quantize = getattr(experts, "quantize_input", None)
@@ -229,3 +230,14 @@ def attach_all_to_all(moe: list[tuple[int, object]], experts_of: dict[str, list[
         a2a = AllToAll(owner, experts_of[str(i)], capacity=step.capacity)
         mlp.ep = ExpertExchange(a2a, step, tp, tp_group)
     return step
+
+
+def traffic(model) -> dict[str, int] | None:
+    """This rank's all-to-all bytes over every MoE layer of ``model`` (phase_sent / phase_received) and the
+    layer calls they add up over, or None where its MoE layers do not exchange by all-to-all."""
+    layers = [m.ep for m in model.modules() if isinstance(getattr(m, "ep", None), ExpertExchange)]
+    if not layers:
+        return None
+    total = {k: sum(getattr(e.a2a.traffic, k) for e in layers) for k in vars(Traffic())}
+    total["layer_calls"] = sum(e.a2a.calls for e in layers)
+    return total

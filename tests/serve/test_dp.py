@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.request
 
 import pytest
 import torch
@@ -161,6 +162,10 @@ def test_all_to_all_exchange_serves_the_whole_models_tokens(ckpt, model, tmp_pat
         url, text = url_of(procs[0]), ModelText(src, whole.config)
         body = {"prompt": PROMPTS, "max_tokens": N, "temperature": 0, "ignore_eos": True, "n": 2, "echo": True, "logprobs": 1}
         check_choices(post(url + "/v1/completions", body), whole, text, {})
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+            metrics = r.read().decode()
+        got = {m.group(1): float(m.group(2)) for m in re.finditer(r'quantkit:ep_(\w+)_total\{[^}]*\} (\S+)', metrics)}
+        assert got["dispatch_bytes_sent"] > 0 and got["combine_bytes_received"] > 0 and got["exchange_layer_calls"] > 0, got
         procs[0].send_signal(signal.SIGTERM)
         assert [p.wait(timeout=60) for p in procs] == [0] * 4
     finally:

@@ -16,7 +16,9 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from . import consumers, families
+import torch
+
+from . import consumers, families, finite
 from .checkpoint import Checkpoint, TensorInfo
 from .formats import fp8_block
 
@@ -130,7 +132,49 @@ def _check_config(ck: Checkpoint, fam: families.Family, problems: list[str]) -> 
             problems.append(f"layers present {min(layers)}..{max(layers)} ({len(layers)}) disagree with config ({want} expected)")
 
 
-def inspect(path: str, tensors: bool = False) -> Report:
+def _scale_values(name: str, s: torch.Tensor, w: torch.Tensor) -> list[str]:
+    """Negative 128x128 block scales, and zero ones on a tile that is not all zero (an all-zero tile with
+    scale 0 is a valid encoding: any scale gives zero)."""
+    s = s.float()
+    out = []
+    if (neg := s < 0).any():
+        out.append(f"{name}: {int(neg.sum())} negative block scales, the first at {neg.nonzero()[0].tolist()}")
+    bad = []
+    for i in (s == 0).nonzero().tolist():
+        *lead, r, c = i
+        tile = w[tuple(lead)][r * 128 : (r + 1) * 128, c * 128 : (c + 1) * 128]
+        if ((tile.view(torch.uint8) & 0x7F) != 0).any():  # E4M3 +-0 are 0x00 and 0x80
+            bad.append(i)
+    if bad:
+        out.append(f"{name}: {len(bad)} zero block scales on tiles that are not all zero (their values are lost), the first at {bad[0]}")
+    return out
+
+
+def _tile_grid(shape: tuple[int, ...]) -> list[int]:
+    *lead, n, k = shape
+    return [*lead, _ceil(n, 128), _ceil(k, 128)]
+
+
+def value_problems(ck: Checkpoint) -> list[str]:
+    """Non-finite values of every tensor (quantkit/finite.py) and suspicious FP8 block scales, read
+    through zero-copy maps of the shards, a chunk at a time."""
+    from .converters.source import Reader, locations
+
+    reader = Reader(locations(ck, set(ck.names())))
+    out = []
+    for t in ck.tensors.values():
+        v = reader.view(t.name)
+        bad = finite.scan(t.name, v, finite.code_of(t.dtype, e8m0_bytes=t.name.endswith(SCALE_SUFFIXES)))
+        if bad is not None:
+            out.append(bad.message())
+        w = ck.tensors.get(t.name.rsplit("_scale", 1)[0]) if t.name.endswith(("_scale_inv", "_scale")) else None
+        if w is not None and w.dtype == "F8_E4M3" and t.dtype in finite.FLOATS and list(t.shape) == _tile_grid(w.shape):
+            out += _scale_values(t.name, v, reader.view(w.name))
+    reader.close()
+    return out
+
+
+def inspect(path: str, tensors: bool = False, values: bool = True) -> Report:
     ck = Checkpoint(path)
     cfg = ck.config
     rep = Report(str(path), ck.layout, None, cfg.get("quantization_config"), shards=len(ck.files()))
@@ -162,6 +206,8 @@ def inspect(path: str, tensors: bool = False) -> Report:
         _check_config(ck, fam, rep.problems)
     rep.problems += [f"side file {s} (convert and shard skip it)" for s in ck.skipped_side_files()]
     rep.warnings = consumers.warnings(ck, rep.family, weights)
+    if values:
+        rep.problems += value_problems(ck)
     rep.formats = dict(sorted(fmts.items()))
     rep.bytes_per_dtype = dict(sorted(dtypes.items()))
     return rep

@@ -3,7 +3,7 @@
 One module per family (gpt_oss, deepseek, qwen3) turns the source's tensors into conversion items
 (rename tables as data, the few real transforms as code); :mod:`plan` decides every output tensor
 and its path from the headers alone; :mod:`engine` streams the shards (in worker processes when
-asked) through :class:`~quantkit.checkpoint.CheckpointWriter`; :mod:`targets` does the numerics
+asked) through :class:`~quantkit.writer.CheckpointWriter`; :mod:`targets` does the numerics
 with the formats/ reference (or quantkit.kernels on CUDA).
 """
 
@@ -15,13 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import destination
-from ..checkpoint import CheckpointError, CheckpointWriter
+from ..checkpoint import CheckpointError
+from ..writer import CheckpointWriter
 from . import deepseek, gpt_oss, qwen3  # noqa: F401  (each registers its family)
 from .engine import FIDELITY_DIR, execute, load_fidelity
 from .memory import RssSampler
 from .options import ConvertOptions, OptionError
 from .plan import Plan, make_plan
-from .provenance import FILE_HASH, hash_files, shard_sources
+from .provenance import FILE_HASH, SourceHashes
 from .registry import BUILDERS
 from .report import dry_report, run_report
 
@@ -64,35 +65,39 @@ def convert(src: str | Path, dst: str | Path, options: ConvertOptions, progress:
     plan = make_plan(str(src), options)
     if options.dry_run:
         return dry_report(plan, str(dst))
-    t_hash = time.perf_counter()
-    digests = hash_files(plan.source_files)
-    t_hash = time.perf_counter() - t_hash
+    hashes = SourceHashes(plan)  # hashing runs in background threads while the shards are converted
     try:
-        writer = CheckpointWriter(dst, force=options.force, resume=options.resume, job=plan.job(), command="convert",
-                                  sources=shard_sources(plan, digests))
+        writer = _writer(dst, plan, options, hashes)
+        try:
+            kept = len(writer.done)
+            if start is not None:
+                start(sum(s.nbytes for s in plan.shards))
+            results, fidelity, peak = _run(plan, writer, hashes, progress or (lambda n: None))
+        finally:
+            writer.close()
+    finally:
+        hashes.close()
+    rep = run_report(plan, str(dst), fidelity, results, kept, time.perf_counter() - t0, peak)
+    rep["run"]["shards_redone_source_changed"] = writer.stale
+    return rep
+
+
+def _writer(dst: str | Path, plan: Plan, options: ConvertOptions, hashes: SourceHashes) -> CheckpointWriter:
+    try:
+        return CheckpointWriter(dst, force=options.force, resume=options.resume, job=plan.job(), command="convert", sources=hashes)
     except OSError as e:
         if destination.disk_full(e):
             needed = sum(s.nbytes for s in plan.shards)
             raise CheckpointError(destination.disk_full_message(Path(dst).absolute().parent, needed, None)) from None
         raise
-    try:
-        kept = len(writer.done)
-        if start is not None:
-            start(sum(s.nbytes for s in plan.shards))
-        results, fidelity, peak = _run(plan, writer, digests, progress or (lambda n: None))
-    finally:
-        writer.close()
-    rep = run_report(plan, str(dst), fidelity, results, kept, time.perf_counter() - t0, peak)
-    rep["run"].update(source_hash_seconds=round(t_hash, 3), shards_redone_source_changed=writer.stale)
-    return rep
 
 
-def _run(plan: Plan, writer: CheckpointWriter, digests: dict[str, str], progress: Callable[[int], None]) -> tuple[list, dict[str, dict], int]:
+def _run(plan: Plan, writer: CheckpointWriter, hashes: SourceHashes, progress: Callable[[int], None]) -> tuple[list, dict[str, dict], int]:
     progress(sum(s.nbytes for s in plan.shards if writer.is_done(s.file)))
     try:
         with RssSampler() as rss:
             results = execute(plan, writer, progress)
-            fidelity = finish(plan, writer, digests)
+            fidelity = finish(plan, writer, hashes.digests())
     except (CheckpointError, OptionError):
         writer.abort()  # an input error: nothing to resume, leave nothing behind
         raise

@@ -112,6 +112,8 @@ class Expect:
         stored = self.scheme.stored(src.removesuffix(".weight"), role == LINEAR) if rows is None else None
         if stored is not None and stored.kind != "plain":
             return self._stored(src.removesuffix(".weight"), shape, out, role, stored)
+        if rows is None and role == MODULE and self._stored_fp8(src):
+            return self._scaled(src, src + "_scale_inv", shape, out, role, "fp8-block")
         return self._plain(src, shape, out, role, rows, total_rows, "projection weight")
 
     def _plain(self, src: str, shape: tuple[int, ...], out: str, role: str, rows: tuple[int, int] | None,
@@ -122,6 +124,12 @@ class Expect:
         if rows is not None and (rows[1] - rows[0] != shape[0] or rows[1] > full[0]):
             raise CheckpointError(f"{self.where}: rows {list(rows)} of {src!r} do not give {list(shape)}")
         return self._add(Item(out, shape, Source("plain", (src,), t.dtype, rows=rows), role))
+
+    def _stored_fp8(self, src: str) -> bool:
+        """A module the family keeps in source precision, stored as FP8 with its block scale anyway (some
+        DeepSeek-V3 files hold MTP ``eh_proj`` so): it is dequantized to BF16 by the 128x128 block rule."""
+        t = self.tensors.get(src)
+        return t is not None and t.dtype == "F8_E4M3" and src + "_scale_inv" in self.tensors
 
     def _scaled(self, wname: str, sname: str, shape: tuple[int, ...], out: str, role: str, kind: str, fused: bool = False) -> Item:
         """A quantized weight ``wname`` with its scale ``sname``, checked against ``shape`` [*, N, K] and ``kind``."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..checkpoint import itemsize
+from .items import MODULE
 from .plan import Plan
 
 if TYPE_CHECKING:
@@ -74,8 +75,11 @@ def run_report(plan: Plan, dst: str, fidelity: dict[str, dict], results: list["S
     rep["memory"] = {"main_peak_rss_anon": main_peak,
                      "shards": [{"file": r.file, "rss_anon_base": r.rss_base, "rss_anon_peak": r.rss_peak} for r in results]}
     rep["paths"] = _paths(plan, fidelity)
-    if o.rounding == "stochastic" and any(r["exact_path"] for r in fidelity.values()):
-        rep["note"] = "exact paths round nothing: --rounding does not apply to them"
+    rep["dequantized_modules"] = [t.item.name for t in plan.tasks if t.path == "dequantize" and t.item.role == MODULE]
+    # plain copies (norms, embeddings kept as they are) never round: the note is for quantized tensors taken exactly
+    exact = sorted({r["path"] for r in fidelity.values() if r["exact_path"] and r["path"] != "copy"})
+    if o.rounding == "stochastic" and exact:
+        rep["note"] = f"exact paths ({', '.join(exact)}) round nothing: --rounding does not apply to them"
     rep["tensors"] = fidelity
     return rep
 
@@ -105,6 +109,7 @@ def render(rep: dict) -> str:
         lines.append(f"| {path} | {row['tensors']} | {_gb(row['bytes'])} | {ex} | {err} | {share} |")
     if rep.get("note"):
         lines += ["", rep["note"]]
+    lines += [f"dequantized to BF16 (stored FP8, kept in source precision by the family's rule): {n}" for n in rep.get("dequantized_modules", [])]
     lines += [f"side file skipped (outside the checkpoint): {s}" for s in rep.get("side_files_skipped", [])]
     if rep.get("dry_run"):
         lines += ["", "dry run: nothing written"]

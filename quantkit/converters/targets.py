@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import finite
 from ..checkpoint import CheckpointError
 from ..formats import exact, fp8_block
 from ..formats.lut import Scratch
@@ -206,8 +207,25 @@ def tiles_record(path: str, exact_path: bool, tiles: list[int]) -> tuple[str, bo
     return (path, True) if tiles[0] == tiles[1] else (f"{path} (partly requantized)", False)
 
 
+def check_finite(task: Task, reader: Reader) -> None:
+    """Refuse a source tensor holding NaN/Inf (or NaN bytes of E4M3 / E8M0): a quantizer would spread
+    it over its whole block, and a copy would hand it on unseen (quantkit/finite.py)."""
+    src = task.item.source
+    # plain: one float tensor; otherwise the weight (E4M3 bytes, or MXFP4 codes: always finite) and its scale
+    codes = ("float",) if src.kind == "plain" else (None if src.kind == "mxfp4" else "e4m3", finite.code_of(src.dtype, e8m0_bytes=True))
+    for name, code in zip(src.tensors, codes):
+        t = reader.view(name)
+        if src.kind == "plain" and src.rows is not None:
+            t = t[src.rows[0] : src.rows[1]]
+        bad = finite.scan(name, t, code)
+        if bad is not None:
+            raise CheckpointError(f"{bad.message()}: convert refuses non-finite weights and scales "
+                                  "(a quantizer spreads one over its whole block); `quantkit inspect` lists them all")
+
+
 def run_task(task: Task, reader: Reader, ctx: Context, want: bool) -> tuple[dict[str, torch.Tensor], dict | None]:
     """All outputs of ``task`` (name -> tensor) and, when ``want``, its fidelity record."""
+    check_finite(task, reader)
     if task.path in COPY_PATHS:
         return copy_task(task, reader, ctx)
     on_cpu = ctx.ops.device.type == "cpu"

@@ -6,7 +6,8 @@ import time
 from pathlib import Path
 
 from .. import destination
-from ..checkpoint import Checkpoint, CheckpointWriter, parse_size
+from ..checkpoint import Checkpoint, parse_size
+from ..writer import CheckpointWriter
 from .layout import Parallel, ShardError
 from .plan import Plan, build
 from .verify import verify
@@ -29,7 +30,7 @@ def shard(
     dry_run: bool = False,
     hardlinks: bool = True,
     max_shard_size: str | int = DEFAULT_MAX_SHARD,
-    progress: bool = False,
+    progress: str = "off",
     workers: int = 1,
 ) -> dict:
     """Split SRC into DST/rank-XXXXX-of-NNNNN/ directories plus DST/quantkit.json; return the report."""

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from quantkit.checkpoint import CheckpointError, CheckpointWriter
+from quantkit.checkpoint import CheckpointError
+from quantkit.writer import CheckpointWriter
 from quantkit.converters import ConvertOptions, make_plan
 from quantkit.converters.engine import execute
-from quantkit.converters.provenance import hash_files, shard_sources
+from quantkit.converters.provenance import SourceHashes
 
 from .support import run, shard_bytes, tensors
 
@@ -109,7 +110,7 @@ def test_resume_rewrites_a_corrupted_shard(synth, tmp_path) -> None:
     opts = dict(max_shard_size=1_000_000, **STOCHASTIC)
     run(src, tmp_path / "ref", **opts)
     plan = make_plan(str(src), ConvertOptions(**opts))
-    writer = CheckpointWriter(tmp_path / "o", job=plan.job(), sources=shard_sources(plan, hash_files(plan.source_files)))
+    writer = CheckpointWriter(tmp_path / "o", job=plan.job(), sources=SourceHashes(plan))
     execute(plan, writer, lambda n: None)  # every shard written, then "killed" before the commit
     writer.close()  # its lock goes with the killed process
     assert not (tmp_path / "o").exists()

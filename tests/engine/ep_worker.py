@@ -11,8 +11,32 @@ import torch
 import torch.distributed as dist
 
 from quantkit.engine.ep_exchange import AllToAll
+from quantkit.formats import fp8_block
+from quantkit.kernels.fused_moe_ref import ExpertWeights, MoeSpec, fused_moe_ref
 
 E, K, H = 16, 4, 8
+QH, QI = 128, 128  # the fp8-block experts' hidden and intermediate sizes
+SPEC = MoeSpec("silu", interleaved=False)
+
+
+def fp8_experts(rows: int, cols: int, seed: int) -> ExpertWeights:
+    q, s = fp8_block.quantize_weight(torch.randn(E, rows, cols, generator=torch.Generator().manual_seed(seed)) * 0.05)
+    return ExpertWeights("fp8-block", q, s)
+
+
+class Fp8Experts:
+    """The fused_moe reference over some of the global experts: quantizes its input as the op does."""
+
+    def __init__(self, ids: list[int]) -> None:
+        w13, w2 = fp8_experts(2 * QI, QH, 1), fp8_experts(QH, QI, 2)
+        self.w13 = ExpertWeights("fp8-block", w13.q[ids], w13.scale[ids])
+        self.w2 = ExpertWeights("fp8-block", w2.q[ids], w2.scale[ids])
+
+    def quantize_input(self, x):
+        return fp8_block.quantize_act(x)
+
+    def __call__(self, x, w, idx, x_q=None):
+        return fused_moe_ref(x, w, idx, self.w13, self.w2, SPEC, x_q=x_q)
 
 
 def expert_matrix(e: int) -> torch.Tensor:
@@ -44,11 +68,16 @@ def case(rank: int, world: int, mode: str) -> dict:
     x = torch.randn(tokens, H, generator=g)
     idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(tokens)]) if tokens else torch.empty(0, K, dtype=torch.int64)
     w = torch.rand(tokens, K, generator=g)
-    y = ex.routed(run_experts(local), x, w, idx, fixed=mode == "fixed")
-    ref = torch.zeros(tokens, H)
-    for t in range(tokens):
-        for s in range(K):
-            ref[t] += torch.tanh(x[t] @ expert_matrix(int(idx[t, s]))) * w[t, s]
+    if mode == "fp8":  # quantized payload: the reference runs every expert on this rank's tokens, quantizing them itself
+        x = torch.randn(tokens, QH, generator=g).to(torch.bfloat16)
+        y = ex.routed(Fp8Experts(local), x, w, idx)
+        ref = fused_moe_ref(x, w, idx, Fp8Experts(list(range(E))).w13, Fp8Experts(list(range(E))).w2, SPEC)
+    else:
+        y = ex.routed(run_experts(local), x, w, idx, fixed=mode == "fixed")
+        ref = torch.zeros(tokens, H)
+        for t in range(tokens):
+            for s in range(K):
+                ref[t] += torch.tanh(x[t] @ expert_matrix(int(idx[t, s]))) * w[t, s]
     pairs = sum(len({owner[int(e)] for e in idx[t]} - {rank}) for t in range(tokens))
     return {"y": y, "ref": ref, "traffic": vars(ex.traffic), "pairs": pairs}
 
@@ -56,7 +85,7 @@ def case(rank: int, world: int, mode: str) -> dict:
 def main() -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
-    torch.save({mode: case(rank, world, mode) for mode in ("variable", "fixed", "overflow")}, f"{sys.argv[1]}/rank-{rank}.pt")
+    torch.save({mode: case(rank, world, mode) for mode in ("variable", "fixed", "overflow", "fp8")}, f"{sys.argv[1]}/rank-{rank}.pt")
     dist.destroy_process_group()
 
 

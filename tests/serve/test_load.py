@@ -23,3 +23,23 @@ def test_load_and_abuse_at_ci_size(ckpt):
     assert out["answered"] + out["refused"] == out["requests"] == 96 and out["answered"] >= 48
     assert out["slowloris_cuts"] > 0  # the header deadline cut the slow connections
     assert out["end_metrics"]["generation_tokens_total"] > 0
+
+
+def test_bench_http_reports_each_level_and_mode(ckpt, tmp_path):
+    """scripts/bench_http.py (the HTTP benchmark, load generator in its own process) on a tiny server: a row per
+    concurrency and mode whose token counts the script checked, stream latencies, the plot."""
+    from quantkit.serve.launch import build
+
+    s = build(str(ckpt("qwen3")), port=0, dtype="float32", act_quant=False, max_model_len=128, kv_cache_gib=0.01)
+    s.start_background()
+    try:
+        r = subprocess.run([sys.executable, str(SCRIPT.parent / "bench_http.py"), "--url", s.url, "--out", str(tmp_path),
+                            "--concurrency", "1,3", "--prompt-len", "8", "--gen", "4", "--rounds", "1", "--vocab", "500"],
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        s.close()
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(ln) for ln in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [(x["concurrency"], x["mode"]) for x in rows] == [(1, "stream"), (1, "whole"), (3, "stream"), (3, "whole")]
+    assert all(x["http_tok_s"] > 0 for x in rows) and all(0 < x["ttft_p50_ms"] <= x["ttft_p99_ms"] for x in rows[::2])
+    assert (tmp_path / "http.png").stat().st_size > 0

@@ -49,9 +49,13 @@ def convert(src: str, dst: str, to: str, rounding: str, seed: int | None, scale_
         opts = ConvertOptions(to=to, rounding=rounding, seed=seed, scale_rule=scale_rule, scale_fmt=scale_fmt,
                               ignore=ignore, device=device, workers=workers, max_shard_size=shard_size,
                               resume=resume, force=force, dry_run=dry_run)
-        # no bar off a terminal, nor before the plan is made (a refused input prints its one error line alone)
-        with tqdm(unit="B", unit_scale=True, desc="convert", disable=True if dry_run else None, delay=0.5, file=sys.stderr) as bar:
-            rep = run(src, dst, opts, progress=bar.update, start=lambda total: bar.reset(total=total))
+        bars: list = []  # the bar starts once the plan is made: a refused input prints its one error line alone
+        try:
+            rep = run(src, dst, opts, progress=lambda n: bars[0].update(n),
+                      start=lambda total: bars.append(tqdm(total=total, unit="B", unit_scale=True, desc="convert", file=sys.stderr)))
+        finally:
+            for bar in bars:
+                bar.close()
     except (CheckpointError, OptionError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(json.dumps(rep, indent=2) if as_json else render(rep))

@@ -142,7 +142,7 @@ def resolve_scale_fmt(o: ConvertOptions, src_fmt: str | None) -> str | None:
 
 def make_plan(src: str, o: ConvertOptions) -> Plan:
     s = open_source(src)
-    items = build_items(s.family.name, s.ckpt, s.config, s.where)
+    items = build_items(s.family.name, s.ckpt, s.model, s.where)
     if o.ignore and o.to == "bf16":
         raise OptionError("--ignore applies to quantized targets; --to bf16 quantizes nothing")
     keep = ignored(items, o.ignore)

@@ -17,12 +17,11 @@ backend each op last ran on.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from ..checkpoint import MANIFEST, Checkpoint, CheckpointError
+from ..checkpoint import MANIFEST, Checkpoint, CheckpointError, load_json_object
 from ..kernels.dispatch import AUTO, Dispatcher
 from ..modelshapes import verify
 from .model import CausalLM
@@ -58,7 +57,7 @@ def load(
     if shard is not None:
         mc = mc.local(int(shard.get("tp_size", 1)))  # this rank's attention heads
     manifest_path = ckpt.root / MANIFEST
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest = load_json_object(manifest_path.read_bytes(), str(manifest_path), "the file") if manifest_path.exists() else {}
     ops = Dispatcher(backend, dict(per_op or {}))
     if scale_mn is None:
         scale_mn = torch.device(device).type == "cuda"

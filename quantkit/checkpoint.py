@@ -22,13 +22,14 @@ import re
 import shutil
 import struct
 import time
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from . import __version__
+from . import __version__, destination
+from .paths import RULE, outside_reason
 from .sink import Sink
 
 INDEX = "model.safetensors.index.json"
@@ -186,7 +187,9 @@ class Checkpoint:
             raise CheckpointError(f"{self.root}: not a checkpoint directory")
         self.dir = self._weights_dir(layout)
         self.layout = "original" if self.dir != self.root else "root"
-        self.config = self._read_json(self.root / "config.json") if (self.root / "config.json").exists() else {}
+        self.real = self.root.resolve()
+        cfg = self.root / "config.json"
+        self.config = self._read_json(self.inside(cfg, "config")) if cfg.exists() else {}
         self._files: dict[str, dict] = {}
         self._raw: dict[str, bytes] = {}
         self.tensors: dict[str, TensorInfo] = {}
@@ -208,9 +211,17 @@ class Checkpoint:
     def _read_json(p: Path) -> dict:
         return load_json_object(p.read_bytes(), str(p), "the file")
 
+    def inside(self, p: Path, what: str) -> Path:
+        """``p`` if the path rule lets us read it, else a CheckpointError naming it and the rule."""
+        rel = p.relative_to(self.root) if p.is_relative_to(self.root) else p  # an absolute name stays absolute
+        why = outside_reason(self.real, self.real / rel)
+        if why is not None:
+            raise CheckpointError(f"{p}: refused {what} file: {why} ({RULE})")
+        return p
+
     def _header(self, fname: str) -> dict:
         if fname not in self._files:
-            p = self.dir / fname
+            p = self.inside(self.dir / fname, "weight")
             if not p.exists():
                 raise CheckpointError(f"{self.dir / INDEX}: points to missing file {fname}")
             self._files[fname], self._raw[fname] = read_header(p)
@@ -219,7 +230,7 @@ class Checkpoint:
     def _load_index(self) -> None:
         idx = self.dir / INDEX
         if idx.exists():
-            wmap = read_weight_map(idx)
+            wmap = read_weight_map(self.inside(idx, "index"))
             for fname in sorted(set(wmap.values())):
                 self._header(fname)
             for name, fname in wmap.items():
@@ -283,9 +294,25 @@ class Checkpoint:
         return h.hexdigest()
 
     def side_files(self) -> list[Path]:
-        """Non-weight files at the root (tokenizer, generation config, chat template, ...)."""
+        """Non-weight files at the root (tokenizer, generation config, chat template, ...) the path rule lets us read."""
+        return self._side_scan()[0]
+
+    def skipped_side_files(self) -> list[str]:
+        """Side files the path rule refused, each as "name: reason" (reported, never copied)."""
+        return self._side_scan()[1]
+
+    def _side_scan(self) -> tuple[list[Path], list[str]]:
         skip = {INDEX, MANIFEST, "config.json"}
-        return sorted(p for p in self.root.iterdir() if p.is_file() and p.suffix != ".safetensors" and p.name not in skip)
+        found, refused = [], []
+        for p in sorted(self.root.iterdir()):
+            if p.suffix == ".safetensors" or p.name in skip or not (p.is_file() or p.is_symlink()):
+                continue
+            why = outside_reason(self.real, self.real / p.name)
+            if why is None and p.is_file():
+                found.append(p)
+            else:
+                refused.append(f"{p.name}: {why or 'a link to nothing'}")
+        return found, refused
 
 
 # ---------------------------------------------------------------- writing
@@ -367,8 +394,8 @@ def write_shard(path: Path, plan: ShardPlan, tensors: Iterator[torch.Tensor], bo
     h = hashlib.sha256()
     part = path.with_name(path.name + ".part")
     owned = [s.nbytes for s in plan.specs if s.name not in borrowed]
-    with open(part, "wb") as f:
-        with Sink([f.write, h.update], budget=max([SINK_MIN_BUDGET, *owned])) as sink:
+    try:
+        with open(part, "wb") as f, Sink([f.write, h.update], budget=max([SINK_MIN_BUDGET, *owned])) as sink:
             head = plan.header()
             sink.put(head, len(head))
             for spec in plan.specs:
@@ -377,6 +404,9 @@ def write_shard(path: Path, plan: ShardPlan, tensors: Iterator[torch.Tensor], bo
                     raise CheckpointError(f"{path.name}: tensor {spec.name!r} is {t.dtype}{tuple(t.shape)}, planned {spec.dtype}{spec.shape}")
                 sink.put(tensor_bytes(t), 0 if spec.name in borrowed else spec.nbytes)
                 del t
+    except BaseException:
+        part.unlink(missing_ok=True)  # a half-written .part is never resumed: do not leave it (a full disk stays full)
+        raise
     os.replace(part, path)
     return h.hexdigest()
 
@@ -392,34 +422,60 @@ def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
 class CheckpointWriter:
     """Atomic writer of a checkpoint directory: everything lands in a partial sibling, renamed at the end."""
 
-    def __init__(self, dst: str | Path, *, force: bool = False, resume: bool = False, job: dict | None = None) -> None:
-        self.dst = Path(dst)
-        self.tmp = self.dst.parent / f".{self.dst.name}.quantkit-partial"
+    def __init__(self, dst: str | Path, *, force: bool = False, resume: bool = False, job: dict | None = None,
+                 command: str = "quantkit", sources: Mapping[str, dict[str, str]] | None = None) -> None:
+        """``sources.get(file, {})``: the sha256 of each source file output ``file`` is made from (may wait
+        for them); --resume keeps a file only if these are the same now (headers alone prove nothing: a
+        fixed shard keeps its header)."""
+        self.dst = destination.named(dst)  # a symlink DST is the link itself (quantkit/destination.py)
+        self.tmp = destination.sibling(self.dst, "partial")
         self.force = force
         self.job = job or {}
-        if self.dst.exists() and not force:
-            raise CheckpointError(f"{self.dst} already exists: pass --force to replace it")
+        self.sources = sources or {}
         self.done: dict[str, str] = {}
-        if resume and self.tmp.is_dir():
-            self._resume()
-        else:
-            if self.tmp.exists():
-                shutil.rmtree(self.tmp)
+        self.made_from: dict[str, dict[str, str]] = {}
+        self.stale: list[str] = []  # files of the interrupted run redone because a source file they read changed
+        try:
+            self.lock = destination.Lock(self.dst, command)
+        except destination.DestinationError as e:
+            raise CheckpointError(str(e)) from None
+        try:
+            if destination.occupied(self.dst) and not force:
+                raise CheckpointError(f"{self.dst} already exists: pass --force to replace it (it is {destination.kind(self.dst)})")
+            if resume and self.tmp.is_dir():
+                self._resume()
+            else:
+                self._start()
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _start(self) -> None:
+        if destination.occupied(self.tmp):
+            destination.remove(self.tmp)
+        try:
             self.tmp.mkdir(parents=True)
             self._save_progress()
+        except BaseException:  # e.g. a disk already full: leave no partial directory behind
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
 
     def _resume(self) -> None:
         prog = self.tmp / PROGRESS
         state = json.loads(prog.read_text()) if prog.exists() else {}
         if state.get("job") != self.job:
             raise CheckpointError(f"{self.tmp}: the interrupted run used other inputs or options; run without --resume (or with --force) to start over")
+        made_from = state.get("made_from", {})
         for fname, digest in state.get("files", {}).items():
-            if (self.tmp / fname).exists() and sha256_file(self.tmp / fname) == digest:
+            if made_from.get(fname, {}) != self.sources.get(fname, {}):
+                self.stale.append(fname)
+            elif (self.tmp / fname).exists() and sha256_file(self.tmp / fname) == digest:
                 self.done[fname] = digest
+                self.made_from[fname] = made_from.get(fname, {})
 
     def _save_progress(self) -> None:
         tmp = self.tmp / (PROGRESS + ".tmp")
-        tmp.write_text(json.dumps({"job": self.job, "files": self.done}, indent=1))
+        tmp.write_text(json.dumps({"job": self.job, "files": self.done, "made_from": self.made_from}, indent=1))
         os.replace(tmp, self.tmp / PROGRESS)
 
     def is_done(self, fname: str) -> bool:
@@ -430,6 +486,7 @@ class CheckpointWriter:
 
     def record(self, fname: str, digest: str) -> None:
         self.done[fname] = digest
+        self.made_from[fname] = self.sources.get(fname, {})
         self._save_progress()
 
     def write(self, plan: ShardPlan, tensors: Iterator[torch.Tensor]) -> None:
@@ -474,19 +531,17 @@ class CheckpointWriter:
         return self._commit()
 
     def _commit(self) -> Path:
-        old = None
-        if self.dst.exists():
-            if not self.force:
-                raise CheckpointError(f"{self.dst} appeared while writing: pass --force to replace it")
-            old = self.dst.parent / f".{self.dst.name}.quantkit-old"
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(self.dst, old)
-        os.replace(self.tmp, self.dst)
-        if old is not None:
-            shutil.rmtree(old)
+        if destination.occupied(self.dst) and not self.force:
+            raise CheckpointError(f"{self.dst} appeared while writing: pass --force to replace it")
+        destination.replace(self.tmp, self.dst)
+        self.close()
         return self.dst
 
     def abort(self) -> None:
         """Remove the partial directory (a failed run that cannot be resumed leaves nothing)."""
         shutil.rmtree(self.tmp, ignore_errors=True)
+        self.close()
+
+    def close(self) -> None:
+        """Release the DST lock (idempotent); the partial directory, if any, stays for --resume."""
+        self.lock.release()

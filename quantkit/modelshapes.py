@@ -20,7 +20,9 @@ from .modelconfig import ModelConfig, read
 Shapes = dict[str, tuple[int, ...]]
 LAYER_RE = re.compile(r"model\.layers\.(\d+)\.")
 FUSED = ("gate_up_proj", "down_proj")
-SCALED = ("_scale_inv", "_scale", "_blocks", "_scales")  # after a weight's name (FP8 / MXFP8 scales, GPT-OSS MXFP4 parts)
+# after a weight's name: FP8 / MXFP8 scales, GPT-OSS MXFP4 parts, compressed-tensors' packed MXFP4 (``weight_packed``)
+SCALED = ("_scale_inv", "_scale", "_blocks", "_scales", "_packed")
+ACT_SCALES = ("input_scale", "output_scale")  # compressed-tensors' static activation scales of a Linear module
 MAX_LISTED = 8  # problems listed one by one; the rest are counted
 
 
@@ -118,6 +120,19 @@ def decoder_layers(mc: ModelConfig, tensors: dict[str, TensorInfo]) -> int:
     return mc.all_layers if any(n.startswith(f"model.layers.{mc.layers}.") for n in tensors) else mc.layers
 
 
+def stored_shape(tensors: dict[str, TensorInfo], name: str, shape_of) -> tuple[int, ...] | None:
+    """Logical shape of an expected tensor as stored (None: absent); compressed-tensors' MXFP4 keeps
+    ``<module>.weight_packed`` [N, K/2] (two E2M1 values a byte) in place of ``weight``."""
+    if name.endswith(FUSED):
+        return fused_shape(tensors, name, shape_of)
+    if name in tensors:
+        return shape_of(name)
+    if name.endswith(".weight") and name + "_packed" in tensors:
+        *lead, half = shape_of(name + "_packed")
+        return (*lead, half * 2)
+    return None
+
+
 def _expected(mc: ModelConfig, shard: dict | None, n_layers: int) -> Iterator[tuple[str, tuple[int, ...]]]:
     head, tail = top(mc)
     yield from head.items()
@@ -128,8 +143,9 @@ def _expected(mc: ModelConfig, shard: dict | None, n_layers: int) -> Iterator[tu
 
 
 def problems(mc: ModelConfig, ckpt: Checkpoint) -> list[str]:
-    """What in ``ckpt``'s tensors disagrees with its config (root layout; the original/ layout is the converter's)."""
-    if ckpt.layout != "root":
+    """What in ``ckpt``'s tensors disagrees with its config (HF names; OpenAI's original/ names, in that
+    folder or opened alone, are the GPT-OSS converter's to check)."""
+    if ckpt.layout != "root" or "embedding.weight" in ckpt.tensors:
         return []
     tensors, shard = ckpt.tensors, mc.raw.get("quantkit_shard")
     splits = shard.get("splits", {}) if isinstance(shard, dict) else {}
@@ -145,7 +161,7 @@ def problems(mc: ModelConfig, ckpt: Checkpoint) -> list[str]:
         out.append(f"layers {_span(present)} in the tensors, but the config says {mc.layers} (num_hidden_layers){mtp}")
     expected = dict(_expected(mc, shard, n_layers))
     for name, want in expected.items():
-        got = fused_shape(tensors, name, shape_of) if name.endswith(FUSED) else shape_of(name) if name in tensors else None
+        got = stored_shape(tensors, name, shape_of)
         if got is None and _layer_of(name) in present | {None}:  # a whole layer missing is reported once, above
             out.append(f"tensor {name!r} is missing; the config implies {list(want)}")
         elif got is not None and got != want:
@@ -163,7 +179,8 @@ def _accounted(name: str, expected: Shapes, mc: ModelConfig) -> bool:
     """An expected tensor, a scale or packed form of one (``_scale_inv``, ``_scale``, MXFP4 ``_blocks``/``_scales``), or a tied head."""
     if name in expected or (name == "lm_head.weight" and mc.tied):
         return True
-    return any(name.endswith(s) and name[: -len(s)] in expected for s in SCALED)
+    module, _, param = name.rpartition(".")
+    return any(name.endswith(s) and name[: -len(s)] in expected for s in SCALED) or (param in ACT_SCALES and module + ".weight" in expected)
 
 
 def _span(layers: set[int]) -> str:

@@ -121,6 +121,7 @@ def copy_baseline(src: Path, work: Path) -> float:
 
 def run_one(name: str, layers: int, args: argparse.Namespace) -> dict:
     from quantkit.checkpoint import Checkpoint
+    from quantkit.progress import style
     from quantkit.shard import shard, verify
 
     src, made = make_source(name, layers, args.fill, args.work)
@@ -129,7 +130,7 @@ def run_one(name: str, layers: int, args: argparse.Namespace) -> dict:
     dst = args.work / f"{name}-L{layers}-ep{args.ep}-tp{args.tp}"
     load = os.getloadavg()[0]
     with PeakRss() as mem:
-        rep = shard(src, dst, ep=args.ep, tp=args.tp, force=True, workers=args.workers, progress=sys.stderr.isatty())
+        rep = shard(src, dst, ep=args.ep, tp=args.tp, force=True, workers=args.workers, progress=style())
         os.sync()  # count the write-back, as the copy baseline does
     seconds = time.perf_counter() - mem.t0
     row = {"model": name, "layers": layers, "moe_layers": rep["moe_layers"], "load_avg": load, "cp_gb_s": cp_gbs, "source_gb": rep["source_bytes"] / 1e9, "tensors": len(Checkpoint(src).names()),

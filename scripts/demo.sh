@@ -6,7 +6,7 @@
 # Usage: scripts/demo.sh [WORKDIR]   (default: ./demo-out, replaced on every run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. scripts/venv.sh eval  # eval: transformers, the reference the last step compares against
+. scripts/venv.sh eval,serve  # eval: transformers, the reference the last step compares against; serve: `quantkit serve`
 out=${1:-demo-out}
 rm -rf "$out"
 mkdir -p "$out"

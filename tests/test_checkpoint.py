@@ -209,12 +209,16 @@ def test_resume_keeps_verified_shards(tmp_path: Path) -> None:
     plans = plan_shards(specs, 300)
     w = CheckpointWriter(tmp_path / "out", job={"a": 1})
     w.write(plans[0], iter([ts[s.name] for s in plans[0].specs]))
+    w.close()  # the interrupted run's lock goes with its process
     # a second run with --resume trusts shard 1 (checksum matches) and must not rewrite it
     w2 = CheckpointWriter(tmp_path / "out", resume=True, job={"a": 1})
     assert w2.is_done(plans[0].file) and not w2.is_done(plans[1].file)
     # a corrupted shard is not trusted
     p = w2.shard_path(plans[0].file)
     p.write_bytes(p.read_bytes()[:-1] + b"\x00")
-    assert not CheckpointWriter(tmp_path / "out", resume=True, job={"a": 1}).is_done(plans[0].file)
+    w2.close()
+    w3 = CheckpointWriter(tmp_path / "out", resume=True, job={"a": 1})
+    assert not w3.is_done(plans[0].file)
+    w3.close()
     with pytest.raises(CheckpointError, match="other inputs or options"):
         CheckpointWriter(tmp_path / "out", resume=True, job={"a": 2})

@@ -144,3 +144,45 @@ def test_synth_checkpoints_of_every_family_are_clean(tmp_path: Path) -> None:
         code, rep = _run(d)
         assert code == 0, rep["problems"]
         assert rep["family"] == fam and fmt in rep["formats"], rep["formats"]
+
+
+def test_compressed_tensors_weights_are_named(tmp_path: Path) -> None:
+    # compressed-tensors stores FP8 per channel / per tensor with a float weight_scale, MXFP4 as
+    # weight_packed [N, K/2] + U8 weight_scale [N, K/32], and static FP8 an input_scale (an activation's)
+    w = torch.randn(384, 256)
+    q = w.clamp(-448, 448).to(torch.float8_e4m3fn)
+    b, s = mxfp4.encode(w)
+    ts = _base() | {
+        "model.layers.0.self_attn.q_proj.weight": q, "model.layers.0.self_attn.q_proj.weight_scale": torch.ones(384, 1).bfloat16(),
+        "model.layers.0.self_attn.k_proj.weight": q.clone(), "model.layers.0.self_attn.k_proj.weight_scale": torch.ones(1),
+        "model.layers.0.self_attn.k_proj.input_scale": torch.ones(1),
+        "model.layers.0.self_attn.o_proj.weight_packed": b.reshape(384, 128), "model.layers.0.self_attn.o_proj.weight_scale": s,
+    }
+    for k in ("model.layers.0.self_attn.q_proj.weight_scale_inv", "model.layers.0.self_attn.k_proj.weight_scale_inv", "model.layers.0.self_attn.o_proj.weight"):
+        del ts[k]
+    code, rep = _run(_ckpt(tmp_path / "c", ts))
+    assert _tensor_problems(rep) == [], rep["problems"]
+    assert rep["formats"] == {"fp8-channel": 1, "fp8-tensor": 1, "mxfp4": 1, "mxfp8": 1}
+    assert rep["parameters"] == 32 * 256 + 4 * 384 * 256 + 256 and rep["warnings"] == []
+
+
+def test_warns_where_transformers_refuses_partial_fp8_tiles(tmp_path: Path) -> None:
+    ts = _base()
+    q, s = fp8_block.quantize_weight(torch.randn(320, 192))
+    ts |= {"model.layers.0.mlp.down_proj.weight": q, "model.layers.0.mlp.down_proj.weight_scale_inv": s}
+    code, rep = _run(_ckpt(tmp_path / "c", ts))
+    assert _tensor_problems(rep) == [] and len(rep["warnings"]) == 1, rep["warnings"]  # a warning, not a problem
+    w = rep["warnings"][0]
+    assert "transformers 5.24" in w and "1 fp8-block weight(s)" in w and "Weight shape (320, 192) not divisible by scale grid (3, 2)" in w
+    code, rep = _run(_ckpt(tmp_path / "aligned", _base()))
+    assert rep["warnings"] == []
+
+
+def test_warns_where_transformers_refuses_compressed_tensors_experts(tmp_path: Path) -> None:
+    q8, s8 = mxfp8.quantize(torch.randn(128, 256))
+    experts = {f"model.layers.0.mlp.experts.{e}.{p}_proj.{n}": t for e in range(2) for p in ("gate", "up") for n, t in (("weight", q8.clone()), ("weight_scale", s8.clone()))}
+    moe = CFG | {"architectures": ["Qwen3MoeForCausalLM"], "quantization_config": {"quant_method": "compressed-tensors"}}
+    _, rep = _run(_ckpt(tmp_path / "ct", _base() | experts, moe))
+    assert len(rep["warnings"]) == 1 and "compressed-tensors MoE checkpoint (4 quantized expert tensors" in rep["warnings"][0]
+    _, rep = _run(_ckpt(tmp_path / "hf", _base() | experts, CFG | {"architectures": ["Qwen3MoeForCausalLM"]}))
+    assert rep["warnings"] == []  # the rule is about compressed-tensors' loader

@@ -31,26 +31,48 @@ import click
               help="Ask /v1/* requests for 'Authorization: Bearer KEY' (also from $QUANTKIT_API_KEY).")
 @click.option("--enable-prefix-caching/--no-enable-prefix-caching", "prefix_caching", default=True, show_default=True,
               help="Reuse the KV blocks of prompt prefixes already computed (not in sharded serving).")
+@click.option("--max-request-bytes", type=click.IntRange(min=1), default=16 << 20, show_default=True,
+              help="Largest request body (a larger declared one is refused before it is read).")
+@click.option("--max-seqs-per-request", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Most sequences (prompts x n) in one request.")
+@click.option("--max-tokens-per-request", type=click.IntRange(min=1), default=1 << 18, show_default=True,
+              help="Most tokens (prompt + max_tokens, over its sequences) one request may ask for.")
+@click.option("--max-waiting-seqs", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Sequences waiting for admission past which new requests get a 503 with Retry-After.")
+@click.option("--header-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="Seconds a connection has to send a whole request head.")
+@click.option("--body-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              help="Seconds a request has to send its whole body.")
 def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model_name: str | None, max_model_len: int | None,
           max_num_seqs: int, max_num_batched_tokens: int, block_size: int, kv_cache_gib: float | None, gpu_memory_utilization: float,
-          act_quant: bool, backend: str, api_key: str | None, prefix_caching: bool) -> None:
+          act_quant: bool, backend: str, api_key: str | None, prefix_caching: bool, max_request_bytes: int,
+          max_seqs_per_request: int, max_tokens_per_request: int, max_waiting_seqs: int, header_timeout: float,
+          body_timeout: float) -> None:
     """Serve checkpoint CKPT (a source checkpoint or a `quantkit convert` output) over HTTP.
 
     A `quantkit shard --ep N [--tp T]` output is served expert (and tensor) parallel, one process per
     rank: `torchrun --nproc-per-node N -m quantkit serve CKPT` (rank 0 listens).
 
     Endpoints: POST /v1/completions and /v1/chat/completions (streaming with "stream": true),
-    GET /v1/models, /health, /metrics.  Requests share the GPU through continuous batching over a
+    GET /v1/models, /health, /metrics.  The limits above hold for every client, before a body is read.  Requests share the GPU through continuous batching over a
     paged KV cache; prompts longer than --max-num-batched-tokens are prefilled in chunks."""
+    import os
+
     from ..checkpoint import CheckpointError
     from ..serve.launch import build
+    from ..serve.server.limits import Limits
     from .eval import _device
 
+    if os.environ.get("RANK", "0") == "0":  # torchrun's rank: 0 (or a single process) serves HTTP
+        _need_http_extra()
+    limits = Limits(max_body_bytes=max_request_bytes, header_timeout_s=header_timeout, body_timeout_s=body_timeout,
+                    max_seqs_per_request=max_seqs_per_request, max_tokens_per_request=max_tokens_per_request,
+                    max_waiting_seqs=max_waiting_seqs)
     try:
         server = build(ckpt, host=host, port=port, device=_device(device), dtype=dtype, model_name=served_model_name,
                        max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                        block_size=block_size, kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization,
-                       act_quant=act_quant, backend=backend, prefix_caching=prefix_caching)
+                       act_quant=act_quant, backend=backend, prefix_caching=prefix_caching, limits=limits)
     except (CheckpointError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:
@@ -81,6 +103,16 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
     finally:
         server.server_close()
         _leave_group()
+
+
+def _need_http_extra() -> None:
+    """fastapi, uvicorn and pydantic come with the serve extra (rank 0 alone needs them)."""
+    import importlib.util
+
+    missing = [m for m in ("fastapi", "uvicorn", "pydantic") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise click.ClickException(f"`quantkit serve` needs {', '.join(missing)}: pip install 'quantkit[serve]' "
+                                   "(from a checkout: pip install -e '.[serve]')")
 
 
 def _leave_group() -> None:

@@ -6,6 +6,8 @@ import json
 
 import click
 
+from . import QUIET
+
 
 @click.command()
 @click.argument("src", type=click.Path(exists=True, file_okay=False))
@@ -26,23 +28,24 @@ import click
 @click.option("--force", is_flag=True, help="Replace DST if it exists.")
 @click.option("--dry-run", is_flag=True, help="Check and plan, write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@QUIET
 def shard(src: str, dst: str, ep: int, tp: int, dp: int | None, placement: str, expert_load: str | None,
-          max_shard_size: str, hardlinks: bool, workers: int, verify_output: bool, force: bool, dry_run: bool, as_json: bool) -> None:
+          max_shard_size: str, hardlinks: bool, workers: int, verify_output: bool, force: bool, dry_run: bool, as_json: bool,
+          quiet: bool) -> None:
     """Split checkpoint SRC into DST/rank-XXXXX-of-NNNNN/ for expert/tensor/data-parallel serving.
 
     Routed experts are partitioned over the EP ranks, attention and dense weights split over TP
     (KV heads replicated when TP exceeds them), everything else replicated; DST/quantkit.json
     holds the plan (rank coordinates, expert -> rank map, sha256 of every file)."""
-    import sys
-
     from ..checkpoint import CheckpointError
+    from ..progress import style
     from ..shard import shard as run
     from ..shard.report import render
 
     try:
         rep = run(src, dst, ep=ep, tp=tp, dp=dp, placement=placement, expert_load=expert_load,
                   verify_output=verify_output, force=force, dry_run=dry_run, hardlinks=hardlinks,
-                  max_shard_size=max_shard_size, workers=workers, progress=not as_json and sys.stderr.isatty())
+                  max_shard_size=max_shard_size, workers=workers, progress=style(quiet))
     except CheckpointError as e:
         raise click.ClickException(str(e)) from None
     click.echo(json.dumps(rep, indent=2) if as_json else render(rep))

@@ -6,6 +6,8 @@ import json
 
 import click
 
+from . import QUIET
+
 
 @click.command()
 @click.argument("family")
@@ -22,16 +24,18 @@ import click
               help="deepseek-v3 only: FP8 block scales as float (V3/R1) or powers of two (V3.1).")
 @click.option("--force", is_flag=True, help="Replace DST if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@QUIET
 def synth(family: str, dst: str, preset: str, layers: int | None, seed: int, max_shard_size: str, layout: str,
-          scale_fmt: str, force: bool, as_json: bool) -> None:
+          scale_fmt: str, force: bool, as_json: bool, quiet: bool) -> None:
     """Write a FAMILY checkpoint (gpt-oss, deepseek-v3, qwen3, qwen3-moe) with random weights to DST:
     config, tokenizer, safetensors in the exact upstream layout, quantkit.json."""
     from ..checkpoint import CheckpointError
+    from ..progress import style
     from ..synth import synthesize
 
     try:
         rep = synthesize(family, dst, preset=preset, layers=layers, seed=seed, max_shard_size=max_shard_size,
-                         layout=layout, force=force, scale_fmt=scale_fmt, progress=not as_json)
+                         layout=layout, force=force, scale_fmt=scale_fmt, progress=style(quiet))
     except (CheckpointError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     if as_json:

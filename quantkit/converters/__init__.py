@@ -14,12 +14,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .. import destination
 from ..checkpoint import CheckpointError, CheckpointWriter
 from . import deepseek, gpt_oss, qwen3  # noqa: F401  (each registers its family)
 from .engine import FIDELITY_DIR, execute, load_fidelity
 from .memory import RssSampler
 from .options import ConvertOptions, OptionError
 from .plan import Plan, make_plan
+from .provenance import FILE_HASH, SourceHashes
 from .registry import BUILDERS
 from .report import dry_report, run_report
 
@@ -32,21 +34,22 @@ def check_paths(src: Path, dst: Path) -> None:
         raise CheckpointError(f"{dst}: the destination may not be the source, inside it, or contain it")
 
 
-def manifest(plan: Plan, fidelity: dict[str, dict]) -> dict:
+def manifest(plan: Plan, fidelity: dict[str, dict], digests: dict[str, str]) -> dict:
     return {
         "command": "convert",
-        "source": {"path": plan.src, "family": plan.family, "layout": plan.layout, "fingerprint": plan.fingerprint},
+        "source": {"path": plan.src, "family": plan.family, "layout": plan.layout, "fingerprint": plan.fingerprint,
+                   "file_hash": FILE_HASH, "files": digests},
         "options": plan.recorded_options(),
         "tensors": fidelity,
     }
 
 
-def finish(plan: Plan, writer: CheckpointWriter) -> dict[str, dict]:
+def finish(plan: Plan, writer: CheckpointWriter, digests: dict[str, str]) -> dict[str, dict]:
     fidelity = load_fidelity(plan, writer.tmp)
     shutil.rmtree(writer.tmp / FIDELITY_DIR)
     for p in plan.side_files:
         shutil.copy2(p, writer.tmp / Path(p).name)
-    writer.finish(plan.shards, plan.config, manifest(plan, fidelity))
+    writer.finish(plan.shards, plan.config, manifest(plan, fidelity, digests))
     return fidelity
 
 
@@ -61,17 +64,45 @@ def convert(src: str | Path, dst: str | Path, options: ConvertOptions, progress:
     plan = make_plan(str(src), options)
     if options.dry_run:
         return dry_report(plan, str(dst))
-    writer = CheckpointWriter(dst, force=options.force, resume=options.resume, job=plan.job())
-    kept = len(writer.done)
-    progress = progress or (lambda n: None)
-    if start is not None:
-        start(sum(s.nbytes for s in plan.shards))
+    hashes = SourceHashes(plan)  # hashing runs in background threads while the shards are converted
+    try:
+        writer = _writer(dst, plan, options, hashes)
+        try:
+            kept = len(writer.done)
+            if start is not None:
+                start(sum(s.nbytes for s in plan.shards))
+            results, fidelity, peak = _run(plan, writer, hashes, progress or (lambda n: None))
+        finally:
+            writer.close()
+    finally:
+        hashes.close()
+    rep = run_report(plan, str(dst), fidelity, results, kept, time.perf_counter() - t0, peak)
+    rep["run"]["shards_redone_source_changed"] = writer.stale
+    return rep
+
+
+def _writer(dst: str | Path, plan: Plan, options: ConvertOptions, hashes: SourceHashes) -> CheckpointWriter:
+    try:
+        return CheckpointWriter(dst, force=options.force, resume=options.resume, job=plan.job(), command="convert", sources=hashes)
+    except OSError as e:
+        if destination.disk_full(e):
+            needed = sum(s.nbytes for s in plan.shards)
+            raise CheckpointError(destination.disk_full_message(Path(dst).absolute().parent, needed, None)) from None
+        raise
+
+
+def _run(plan: Plan, writer: CheckpointWriter, hashes: SourceHashes, progress: Callable[[int], None]) -> tuple[list, dict[str, dict], int]:
     progress(sum(s.nbytes for s in plan.shards if writer.is_done(s.file)))
     try:
         with RssSampler() as rss:
             results = execute(plan, writer, progress)
-            fidelity = finish(plan, writer)
+            fidelity = finish(plan, writer, hashes.digests())
     except (CheckpointError, OptionError):
         writer.abort()  # an input error: nothing to resume, leave nothing behind
         raise
-    return run_report(plan, str(dst), fidelity, results, kept, time.perf_counter() - t0, rss.peak)
+    except OSError as e:
+        if not destination.disk_full(e):
+            raise
+        left = sum(s.nbytes for s in plan.shards if not writer.is_done(s.file))
+        raise CheckpointError(destination.disk_full_message(writer.tmp.parent, left, writer.tmp)) from None
+    return results, fidelity, rss.peak

@@ -48,7 +48,11 @@ class Decoder:
             self.t = t[0].reshape(L, k, n) if src.transposed else t[0].reshape(L, n, k)
         elif self.kind == "fp8-block":
             self.q, self.s = t[0].reshape(L, n, k), t[1].reshape(L, cdiv(n, TILE), cdiv(k, TILE))
-        else:
+        elif self.kind == "fp8-channel":  # one scale per row [N, 1], or per tensor [1]: one per row here
+            self.q, self.s = t[0].reshape(L, n, k), t[1].reshape(-1, 1).expand(n, 1).reshape(L, n, 1)
+        elif self.kind == "mxfp8":
+            self.q, self.s = t[0].reshape(L, n, k), t[1].reshape(L, n, k // MX)
+        else:  # mxfp4: GPT-OSS blocks, or compressed-tensors weight_packed [N, K/2] (the same bytes)
             self.blocks, self.scales = t[0].reshape(L, n, k // MX, MX // 2), t[1].reshape(L, n, k // MX)
 
     def _to(self, x: torch.Tensor) -> torch.Tensor:
@@ -63,6 +67,10 @@ class Decoder:
             return self._to(x).to(torch.float32).contiguous()
         if self.kind == "fp8-block":
             return self.ops.fp8_dequant(*self.raw_rows(l, a, b), scratch=self.scratch)
+        if self.kind == "fp8-channel":
+            return self._to(self.q[l, a:b]).to(torch.float32) * scale_f32(self._to(self.s[l, a:b]))
+        if self.kind == "mxfp8":
+            return self.ops.mxfp8_dequant(*self.raw_rows(l, a, b))
         return self.ops.mxfp4_decode(*self.raw_rows(l, a, b), scratch=self.scratch)
 
     def cols(self, l: int, a: int, b: int) -> torch.Tensor:
@@ -72,13 +80,19 @@ class Decoder:
         if self.kind == "fp8-block":
             q = self._to(self.q[l, :, a:b])
             return self.ops.fp8_dequant(q, scale_f32(self._to(self.s[l, :, a // TILE : cdiv(b, TILE)])))
+        if self.kind == "fp8-channel":
+            return self._to(self.q[l, :, a:b]).to(torch.float32) * scale_f32(self._to(self.s[l]))
         g0, g1 = a // MX, cdiv(b, MX)
+        if self.kind == "mxfp8":
+            return self.ops.mxfp8_dequant(self._to(self.q[l, :, a:b]), self._to(self.s[l, :, g0:g1]).view(torch.uint8))
         return self.ops.mxfp4_decode(self._to(self.blocks[l, :, g0:g1]), self._to(self.scales[l, :, g0:g1]))
 
     def raw_rows(self, l: int, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Encoded rows: (F8 [r, K], F32 tile scales) or (MXFP4 blocks [r, G, 16], scales [r, G])."""
+        """Encoded rows: (F8 [r, K], F32 tile scales), (F8 [r, K], U8 E8M0 [r, G]) or (MXFP4 blocks [r, G, 16], scales [r, G])."""
         if self.kind == "fp8-block":
             return self._to(self.q[l, a:b]), scale_f32(self._to(self.s[l, a // TILE : cdiv(b, TILE)]))
+        if self.kind == "mxfp8":
+            return self._to(self.q[l, a:b]), self._to(self.s[l, a:b]).view(torch.uint8)
         if self.kind == "mxfp4":
             return self._to(self.blocks[l, a:b]), self._to(self.scales[l, a:b])
         raise ValueError(f"no encoded rows for a {self.kind} source")

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing import get_context
+from multiprocessing.managers import SyncManager
 from pathlib import Path
 
 import torch
@@ -108,7 +110,20 @@ def load_fidelity(plan: Plan, tmp: Path) -> dict[str, dict]:
     return {t.item.name: found[t.item.name] for t in plan.tasks}
 
 
-def _init_worker(threads: int) -> None:
+def watch_parent(parent: int) -> None:
+    """Exit this process once ``parent`` is gone: a worker or the progress manager of a convert that was
+    killed (SIGKILL runs no cleanup) must not live on, holding the resource tracker open with it."""
+
+    def run() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=run, name="watch-parent", daemon=True).start()
+
+
+def _init_worker(threads: int, parent: int) -> None:
+    watch_parent(parent)
     torch.set_num_threads(threads)
 
 
@@ -117,7 +132,9 @@ def run_pool(plan: Plan, todo: list[int], writer: CheckpointWriter, progress: Ca
     n = min(plan.options.workers, len(todo))
     threads = max(1, (os.cpu_count() or 1) // n)
     results: list[ShardResult] = []
-    with ctx.Manager() as manager, ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker, initargs=(threads,)) as pool:
+    manager = SyncManager(ctx=ctx)
+    manager.start(watch_parent, (os.getpid(),))
+    with manager, ProcessPoolExecutor(n, mp_context=ctx, initializer=_init_worker, initargs=(threads, os.getpid())) as pool:
         queue = manager.Queue()
         pending = {pool.submit(convert_shard, plan, i, str(writer.tmp), queue.put) for i in todo}
         try:

@@ -90,11 +90,14 @@ def attention(e: Expect, d: Dims, i: int, original: bool) -> None:
 
 
 def experts(e: Expect, d: Dims, i: int, src: Callable[[str], str], mxfp4: bool) -> None:
+    """MXFP4 blocks (upstream), F8 with scales (quantkit's fp8-block / mxfp8 outputs), or BF16 (transformers)."""
     p = f"model.layers.{i}.mlp.experts."
     shapes = {"gate_up_proj": (d.experts, 2 * d.inter, d.H), "down_proj": (d.experts, d.H, d.inter)}
     for n, shape in shapes.items():
-        if mxfp4:
+        if mxfp4 or e.has(src(p + n + "_blocks")):
             e.mxfp4(src(p + n + "_blocks"), src(p + n + "_scales"), shape, out=p + n)
+        elif e.has(p + n) and e.tensors[p + n].dtype == "F8_E4M3":
+            e.fused_scaled(p + n, shape, out=p + n)
         else:
             e.stacked(p + n, shape, out=p + n)
         e.tensor(src(p + n + "_bias"), shape[:2], out=p + n + "_bias")
@@ -121,10 +124,11 @@ def build(ckpt: Checkpoint, mc: ModelConfig, where: str) -> list[Item]:
     d, cfg = dims(mc), mc.raw
     original = is_original(ckpt)
     q = (cfg.get("quantization_config") or {}).get("quant_method")
-    if q not in (None, "mxfp4"):
-        raise CheckpointError(f"{where}: GPT-OSS sources are MXFP4 (quant_method mxfp4) or BF16; quant_method {q!r} is not supported")
+    if q not in (None, "mxfp4", "fp8", "compressed-tensors"):
+        raise CheckpointError(f"{where}: GPT-OSS sources are MXFP4 (quant_method mxfp4), BF16, or quantkit's fp8-block (fp8) "
+                              f"and mxfp8 (compressed-tensors) outputs; quant_method {q!r} is not supported")
     mxfp4 = original or q == "mxfp4"
-    e = Expect(FAMILIES["gpt-oss"], ckpt.tensors, {}, where)
+    e = Expect(FAMILIES["gpt-oss"], ckpt.tensors, cfg, where)
 
     def top(name: str) -> str:
         return ORIGINAL_TOP[name] if original else name

@@ -8,9 +8,14 @@ Logical orientation: a projection is [*lead, N(out), K(in)] whatever the source 
 Source kinds:
   * ``plain``     one float tensor (BF16/F16/F32), optionally a row window (GPT-OSS ``original/``
                   ``attn.qkv`` holds q|k|v rows);
-  * ``fp8-block`` ``<w>`` F8_E4M3 [*, N, K] + ``<w>_scale_inv`` [*, ceil(N/128), ceil(K/128)]
-                  (F32, BF16/F16 as some releases store it, or E8M0 bytes);
-  * ``mxfp4``     ``<p>_blocks`` U8 [*, N, K/32, 16] + ``<p>_scales`` U8 [*, N, K/32] (GPT-OSS).
+  * ``fp8-block``   ``<w>`` F8_E4M3 [*, N, K] + ``<w>_scale_inv`` [*, ceil(N/128), ceil(K/128)]
+                    (F32, BF16/F16 as some releases store it, or E8M0 bytes; compressed-tensors: ``weight_scale``);
+  * ``fp8-channel`` compressed-tensors FP8 / FP8_DYNAMIC: F8_E4M3 [N, K] + ``weight_scale`` [N, 1] or [1];
+  * ``mxfp8``       F8_E4M3 [*, N, K] + U8 E8M0 scales [*, N, K/32] (compressed-tensors, quantkit's mxfp8);
+  * ``mxfp4``       ``<p>_blocks`` U8 [*, N, K/32, 16] + ``<p>_scales`` U8 [*, N, K/32] (GPT-OSS), or
+                    compressed-tensors ``weight_packed`` U8 [N, K/2] + ``weight_scale`` U8 [N, K/32] (the same bytes).
+
+Which layout a Linear module has comes from the source's quantization_config (:mod:`.qsource`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 
 from ..checkpoint import CheckpointError, TensorInfo
 from ..families import Family, is_quantized_weight
+from .qsource import Stored, SourceScheme
 
 FLOATS = ("BF16", "F16", "F32")
 SCALES = ("F32", "BF16", "F16", "U8", "F8_E8M0")
@@ -35,9 +41,9 @@ TENSOR = "tensor"  # embeddings, norms, biases, sinks
 
 @dataclass(frozen=True)
 class Source:
-    kind: str  # "plain" | "fp8-block" | "mxfp4"
-    tensors: tuple[str, ...]
-    dtype: str  # plain: its dtype tag; fp8-block: scale dtype tag; mxfp4: "U8"
+    kind: str  # "plain" | "fp8-block" | "fp8-channel" | "mxfp8" | "mxfp4"
+    tensors: tuple[str, ...]  # the weight (or blocks) first, then its scale
+    dtype: str  # plain: its dtype tag; else the scale's dtype tag
     rows: tuple[int, int] | None = None
     transposed: bool = False
 
@@ -62,26 +68,6 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def fp8_source(config: dict, where: str) -> tuple[bool, tuple[str, ...]]:
-    """(source projections are FP8 blocks, modules the source left unquantized) from quantization_config."""
-    q = config.get("quantization_config")
-    if not q or q.get("quant_method") == "mxfp4":  # GPT-OSS: experts only, by tensor names
-        return False, ()
-    if q.get("quant_method") != "fp8":
-        raise CheckpointError(f"{where}: source quantization_config quant_method {q.get('quant_method')!r} is not supported; supported: fp8 (128x128 blocks), mxfp4 (GPT-OSS), or none")
-    if list(q.get("weight_block_size") or []) != [TILE, TILE]:
-        raise CheckpointError(f"{where}: FP8 weight_block_size {q.get('weight_block_size')} is not supported; only [128, 128]")
-    return True, tuple(q.get("modules_to_not_convert") or ())
-
-
-def source_scale_fmt(config: dict) -> str | None:
-    """The fp8-block scale format the source declares ("float" or "ue8m0"), None when not FP8 blocks."""
-    q = config.get("quantization_config") or {}
-    if q.get("quant_method") != "fp8":
-        return None
-    return "ue8m0" if q.get("scale_fmt") == "ue8m0" else "float"
-
-
 class Expect:
     """Collects the items of one checkpoint and checks each source tensor as it is named."""
 
@@ -89,8 +75,7 @@ class Expect:
         self.family = family
         self.tensors = tensors
         self.where = where
-        # quant_method fp8 (DeepSeek, Qwen's FP8 releases): projections are FP8 but for modules_to_not_convert
-        self.fp8_source, self.fp8_skip = fp8_source(config, where)
+        self.scheme = SourceScheme(config, where)  # how each Linear module is stored
         self.items: list[Item] = []
         self.used: set[str] = set()
 
@@ -124,8 +109,11 @@ class Expect:
         Whether quantized targets quantize it is the family's rule (families.is_quantized_weight)."""
         out = out or src
         role = LINEAR if is_quantized_weight(self.family, out) else MODULE
-        if rows is None and self._expects_fp8(out, role):
-            return self._fp8(src, shape, out, role)
+        stored = self.scheme.stored(src.removesuffix(".weight"), role == LINEAR) if rows is None else None
+        if stored is not None and stored.kind != "plain":
+            return self._stored(src.removesuffix(".weight"), shape, out, role, stored)
+        if rows is None and role == MODULE and self._stored_fp8(src):
+            return self._scaled(src, src + "_scale_inv", shape, out, role, "fp8-block")
         return self._plain(src, shape, out, role, rows, total_rows, "projection weight")
 
     def _plain(self, src: str, shape: tuple[int, ...], out: str, role: str, rows: tuple[int, int] | None,
@@ -137,22 +125,43 @@ class Expect:
             raise CheckpointError(f"{self.where}: rows {list(rows)} of {src!r} do not give {list(shape)}")
         return self._add(Item(out, shape, Source("plain", (src,), t.dtype, rows=rows), role))
 
-    def _expects_fp8(self, out: str, role: str) -> bool:
-        if not self.fp8_source or role != LINEAR:
-            return False
-        module = out.removesuffix(".weight")
-        return not any(module == s or fnmatch.fnmatchcase(module, s) or module.startswith(s + ".") for s in self.fp8_skip)
+    def _stored_fp8(self, src: str) -> bool:
+        """A module the family keeps in source precision, stored as FP8 with its block scale anyway (some
+        DeepSeek-V3 files hold MTP ``eh_proj`` so): it is dequantized to BF16 by the 128x128 block rule."""
+        t = self.tensors.get(src)
+        return t is not None and t.dtype == "F8_E4M3" and src + "_scale_inv" in self.tensors
 
-    def _fp8(self, src: str, shape: tuple[int, ...], out: str, role: str) -> Item:
-        w = self._info(src, "FP8 weight (quant_method fp8)")
-        self._check(w, shape, ("F8_E4M3",), "FP8 weight (quant_method fp8)")
-        sname = src + "_scale_inv"
+    def _scaled(self, wname: str, sname: str, shape: tuple[int, ...], out: str, role: str, kind: str, fused: bool = False) -> Item:
+        """A quantized weight ``wname`` with its scale ``sname``, checked against ``shape`` [*, N, K] and ``kind``."""
+        what = f"{kind} weight (quantization_config {self.scheme.method})" if not fused else f"{kind} expert weight"
+        *lead, n, k = shape
+        if kind in ("mxfp8", "mxfp4") and k % MX:
+            raise CheckpointError(f"{self.where}: {out!r} has K={k}, not a multiple of {MX}: no {kind} layout exists")
+        stored = (*lead, n, k // 2) if kind == "mxfp4" else shape
+        self._check(self._info(wname, what), stored, ("U8",) if kind == "mxfp4" else ("F8_E4M3",), what)
         if sname not in self.tensors:
-            raise CheckpointError(f"{self.where}: FP8 weight {src!r} has no block scale {sname!r}")
-        s = self._info(sname, "FP8 block scale")
-        grid = shape[:-2] + (cdiv(shape[-2], TILE), cdiv(shape[-1], TILE))
-        self._check(s, grid, SCALES, f"128x128 block scale of {list(shape)}")
-        return self._add(Item(out, shape, Source("fp8-block", (src, sname), s.dtype), role))
+            what = "block scale" if kind == "fp8-block" else "scale"
+            raise CheckpointError(f"{self.where}: {kind} weight {wname!r} has no {what} {sname!r}")
+        s = self._info(sname, f"{kind} scale")
+        want = {"fp8-block": (*lead, cdiv(n, TILE), cdiv(k, TILE)), "fp8-channel": (n, 1)}.get(kind, (*lead, n, k // MX))
+        if kind == "fp8-channel" and s.shape in ((1,), ()):
+            want = s.shape  # one scale for the tensor (compressed-tensors FP8)
+        label = {"fp8-block": "128x128 block", "fp8-channel": "per-channel FP8"}.get(kind, "E8M0 1x32")
+        self._check(s, want, SCALES if kind.startswith("fp8") else BYTES, f"{label} scale of {list(shape)}")
+        return self._add(Item(out, shape, Source(kind, (wname, sname), s.dtype), role, fused=fused))
+
+    def _stored(self, module: str, shape: tuple[int, ...], out: str, role: str, st: Stored) -> Item:
+        """A Linear module stored as its quantization_config says (:mod:`.qsource`)."""
+        for extra in st.dropped:  # read past: targets quantize activations dynamically
+            if f"{module}.{extra}" in self.tensors:
+                self._info(f"{module}.{extra}", "static activation scale")
+        return self._scaled(f"{module}.{st.weight}", f"{module}.{st.scale}", shape, out, role, st.kind)
+
+    def fused_scaled(self, src: str, shape: tuple[int, ...], out: str) -> Item:
+        """quantkit's fp8-block / mxfp8 GPT-OSS experts: F8 [E, N, K] + ``_scale_inv`` F32 tiles or ``_scale`` U8 [E, N, K/32]."""
+        if src + "_scale_inv" in self.tensors:
+            return self._scaled(src, src + "_scale_inv", shape, out, LINEAR, "fp8-block", fused=True)
+        return self._scaled(src, src + "_scale", shape, out, LINEAR, "mxfp8", fused=True)
 
     def mxfp4(self, blocks: str, scales: str, shape: tuple[int, ...], out: str) -> Item:
         """GPT-OSS MXFP4 experts: logical [E, N, K] from blocks [E, N, K/32, 16] and scales [E, N, K/32]."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..formats import exact, fp8_block, lut, mxfp8
+from ..formats import exact, fp8_block, lut, mxfp4, mxfp8
 from ..formats.fp8 import E4M3_MAX
 from ..formats.rounding import Rounding
 from .options import OptionError
@@ -113,6 +113,11 @@ class Ops:
     def mxfp8(self, x: torch.Tensor, rule: str, r: Rounding) -> tuple[torch.Tensor, torch.Tensor]:
         """[rows, K] float32 -> (E4M3, U8 E8M0 [rows, K/32])."""
         return self._call("mxfp8_quantize", x, rule, r)
+
+    def mxfp4(self, x: torch.Tensor, rule: str, r: Rounding) -> tuple[torch.Tensor, torch.Tensor]:
+        """[rows, K] float32 -> (blocks U8 [rows, K/32, 16], U8 E8M0 [rows, K/32]): the formats/
+        reference on either device (no kernel registers an MXFP4 quantizer; a conversion-time op)."""
+        return mxfp4.encode(x, rule, r)
 
     def mxfp8_dequant(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         return self._call("mxfp8_dequant", q, s)

@@ -13,7 +13,7 @@ from ..formats import e8m0
 from ..formats.fp8_block import SCALE_FMTS
 from ..formats.rounding import HASH_ID, MODES, Rounding
 
-TARGETS = ("fp8-block", "mxfp8", "bf16")
+TARGETS = ("fp8-block", "mxfp8", "mxfp4", "bf16")
 DEVICES = ("cpu", "cuda")
 DEFAULT_SHARD_SIZE = 5_000_000_000  # 5 GB, as transformers' save_pretrained
 # elements per chunk of work, by device: bounds the float32 temporaries (about 40 bytes per element
@@ -69,8 +69,8 @@ class ConvertOptions:
 
 
 def uses_rule(to: str, scale_fmt: str | None) -> bool:
-    """An E8M0 scale rule decides bytes for mxfp8 and for power-of-two fp8-block scales."""
-    return to == "mxfp8" or (to == "fp8-block" and scale_fmt == "ue8m0")
+    """An E8M0 scale rule decides bytes for mxfp8, mxfp4 and power-of-two fp8-block scales."""
+    return to in ("mxfp8", "mxfp4") or (to == "fp8-block" and scale_fmt == "ue8m0")
 
 
 def check(o: ConvertOptions) -> None:
@@ -83,12 +83,12 @@ def check(o: ConvertOptions) -> None:
     if o.scale_rule is not None:
         e8m0.check_rule(o.scale_rule)
         if o.to == "bf16" or (o.to == "fp8-block" and o.scale_fmt == "float"):
-            raise OptionError("--scale-rule applies to --to mxfp8 and to fp8-block with --scale-fmt ue8m0 only")
+            raise OptionError("--scale-rule applies to --to mxfp8, mxfp4 and to fp8-block with --scale-fmt ue8m0 only")
     if o.scale_fmt is not None:
         if o.scale_fmt not in SCALE_FMTS:
             raise OptionError(f"--scale-fmt must be one of {', '.join(SCALE_FMTS)}, not {o.scale_fmt!r}")
         if o.to != "fp8-block":
-            raise OptionError("--scale-fmt applies to --to fp8-block only (mxfp8 scales are always E8M0)")
+            raise OptionError("--scale-fmt applies to --to fp8-block only (mxfp8 and mxfp4 scales are always E8M0)")
     if o.device not in DEVICES:
         raise OptionError(f"--device must be one of {', '.join(DEVICES)}, not {o.device!r}")
     if o.workers < 1:

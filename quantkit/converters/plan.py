@@ -8,9 +8,15 @@ Paths (what ``quantkit.json`` records per tensor; "exact" ones never round, so `
   fp8-block->mxfp8  exact when every tile scale is a power of two (decided per tensor when run;
                     otherwise dequantize to F32 and requantize)
   mxfp4->bf16       MXFP4 dequantized to BF16 (every E2M1 x 2^k value fits)                  exact
+  copy-mxfp8        MXFP8 weight and E8M0 scale bytes unchanged                            exact
+  copy-mxfp4        MXFP4 packed codes and E8M0 scale bytes unchanged (GPT-OSS ``_blocks`` and
+                    compressed-tensors ``weight_packed`` hold the same bytes)              exact
+  mxfp8->bf16       MXFP8 dequantized to BF16 (every E4M3 x 2^k value fits)                  exact
+  mxfp8->fp8-block  exact for each 128x128 tile whose per-32 scales can share the tile's largest one
+                    without rounding an element (decided per tile when run; other tiles requantized)
   quantize          float source -> target format                                          rounds
   requantize        quantized source -> F32 -> another quantized format                     rounds
-  dequantize        FP8 blocks -> F32 -> BF16                                               rounds
+  dequantize        FP8 (blocks, rows or tensor) -> F32 -> BF16                             rounds
   cast              a float projection weight cast to BF16 (--to bf16)                      rounds
 """
 
@@ -19,18 +25,19 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from ..checkpoint import DTYPES, CheckpointError, ShardPlan, TensorSpec, plan_shards
-from .items import LINEAR, MX, TILE, Item, cdiv, source_scale_fmt
+from .items import LINEAR, MODULE, MX, TILE, Item, cdiv
+from .qsource import source_scale_fmt
 from .options import ConvertOptions, OptionError, uses_rule
 from .qconfig import quantization_config
 from .registry import build_items
 from .source import TensorLoc, locations, open_source
 
-EXACT_PATHS = ("copy", "copy-fp8-block", "mxfp4->mxfp8", "mxfp4->bf16")
+EXACT_PATHS = ("copy", "copy-fp8-block", "copy-mxfp8", "copy-mxfp4", "mxfp4->mxfp8", "mxfp4->bf16", "mxfp8->bf16")
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,8 @@ class Plan:
     tasks: list[Task]
     shards: list[ShardPlan]
     side_files: list[str] = field(default_factory=list)
+    skipped_side: list[str] = field(default_factory=list)  # side files the path rule refused: "name: reason"
+    source_files: dict[str, str] = field(default_factory=dict)  # weight file name -> its resolved path
     owner: dict[str, int] = field(default_factory=dict)  # output tensor name -> index of its task
 
     def __post_init__(self) -> None:
@@ -71,6 +80,12 @@ class Plan:
         specs = [[s.name, str(s.dtype), list(s.shape)] for sh in self.shards for s in sh.specs]
         digest = hashlib.sha256(json.dumps(specs).encode()).hexdigest()
         return {"source_fingerprint": self.fingerprint, "options": self.recorded_options(), "plan_sha256": digest}
+
+    def shard_sources(self, index: int) -> list[str]:
+        """Names of the source files the tensors of output shard ``index`` are read from."""
+        by_path = {p: n for n, p in self.source_files.items()}
+        used = {by_path[self.locs[t].path] for i in self.shard_tasks(index) for t in self.tasks[i].item.source.tensors}
+        return sorted(used)
 
     def shard_tasks(self, index: int) -> list[int]:
         """Indices of the tasks with at least one output in shard ``index``, in plan order."""
@@ -99,7 +114,13 @@ def quant_specs(item: Item, to: str) -> tuple[TensorSpec, ...]:
     if to == "fp8-block":
         return w, TensorSpec(item.name + "_scale_inv", torch.float32, (*lead, cdiv(n, TILE), cdiv(k, TILE)))
     if k % MX:
-        raise CheckpointError(f"{item.name}: K={k} is not a multiple of {MX}; MXFP8 has no layout for a partial 1x32 block (keep it with --ignore)")
+        raise CheckpointError(f"{item.name}: K={k} is not a multiple of {MX}; {to.upper()} has no layout for a partial 1x32 block (keep it with --ignore)")
+    if to == "mxfp4" and item.fused:  # GPT-OSS upstream: <p>_blocks [E, N, K/32, 16], <p>_scales [E, N, K/32]
+        return (TensorSpec(item.name + "_blocks", torch.uint8, (*lead, n, k // MX, MX // 2)),
+                TensorSpec(item.name + "_scales", torch.uint8, (*lead, n, k // MX)))
+    if to == "mxfp4":  # compressed-tensors mxfp4-pack-quantized: weight_packed [N, K/2], weight_scale [N, K/32]
+        return (TensorSpec(item.module + ".weight_packed", torch.uint8, (*lead, n, k // 2)),
+                TensorSpec(item.module + ".weight_scale", torch.uint8, (*lead, n, k // MX)))
     return w, TensorSpec(item.name + "_scale", torch.uint8, (*lead, n, k // MX))
 
 
@@ -110,21 +131,25 @@ def plain_spec(item: Item, dtype: torch.dtype) -> TensorSpec:
     return TensorSpec(item.name, dtype, shape)
 
 
+def quantized_path(kind: str, to: str, scale_fmt: str | None, src_fmt: str | None) -> str:
+    """The path from a source of ``kind`` to quantized target ``to`` (the table in the module docstring)."""
+    if kind == "plain":
+        return "quantize"
+    if kind == to == "fp8-block":
+        return "copy-fp8-block" if scale_fmt == "float" or scale_fmt == src_fmt else "requantize"
+    if kind == to and kind in ("mxfp8", "mxfp4"):  # MXFP4: GPT-OSS blocks and compressed-tensors packed bytes are the same
+        return f"copy-{kind}"
+    return {("mxfp4", "mxfp8"): "mxfp4->mxfp8", ("fp8-block", "mxfp8"): "fp8-block->mxfp8",
+            ("mxfp8", "fp8-block"): "mxfp8->fp8-block"}.get((kind, to), "requantize")
+
+
 def decide(item: Item, o: ConvertOptions, keep: set[str], scale_fmt: str | None, src_fmt: str | None) -> Task:
     kind = item.source.kind
     if item.role == LINEAR and o.to != "bf16" and item.name not in keep:
-        if kind == "plain":
-            path = "quantize"
-        elif kind == "mxfp4":
-            path = "mxfp4->mxfp8" if o.to == "mxfp8" else "requantize"
-        elif o.to == "mxfp8":
-            path = "fp8-block->mxfp8"
-        else:
-            path = "copy-fp8-block" if scale_fmt == "float" or scale_fmt == src_fmt else "requantize"
-        return Task(item, path, o.to, quant_specs(item, o.to))
-    if kind == "mxfp4":
-        return Task(item, "mxfp4->bf16", "bf16", (plain_spec(item, torch.bfloat16),))
-    if kind == "fp8-block":
+        return Task(item, quantized_path(kind, o.to, scale_fmt, src_fmt), o.to, quant_specs(item, o.to))
+    if kind in ("mxfp4", "mxfp8"):
+        return Task(item, f"{kind}->bf16", "bf16", (plain_spec(item, torch.bfloat16),))
+    if kind != "plain":  # FP8 blocks, rows or tensor
         return Task(item, "dequantize", "bf16", (plain_spec(item, torch.bfloat16),))
     if o.to == "bf16" and item.role == LINEAR and item.source.dtype != "BF16":
         return Task(item, "cast", "bf16", (plain_spec(item, torch.bfloat16),))
@@ -140,13 +165,21 @@ def resolve_scale_fmt(o: ConvertOptions, src_fmt: str | None) -> str | None:
     return fmt
 
 
+def upstream_roles(items: list[Item], to: str, fused_experts: bool) -> list[Item]:
+    """GPT-OSS ships MXFP4 experts and BF16 attention: ``--to mxfp4`` quantizes what upstream does,
+    so its other projections become Linear modules kept in source precision."""
+    if to != "mxfp4" or not fused_experts:
+        return items
+    return [replace(it, role=MODULE) if it.role == LINEAR and not it.fused else it for it in items]
+
+
 def make_plan(src: str, o: ConvertOptions) -> Plan:
     s = open_source(src)
-    items = build_items(s.family.name, s.ckpt, s.model, s.where)
+    items = upstream_roles(build_items(s.family.name, s.ckpt, s.model, s.where), o.to, s.family.fused_experts)
     if o.ignore and o.to == "bf16":
         raise OptionError("--ignore applies to quantized targets; --to bf16 quantizes nothing")
     keep = ignored(items, o.ignore)
-    src_fmt = source_scale_fmt(s.config)
+    src_fmt = source_scale_fmt(s.config, s.where)
     scale_fmt = resolve_scale_fmt(o, src_fmt)
     tasks = [decide(it, o, keep, scale_fmt, src_fmt) for it in items]
     shards = plan_shards((spec for t in tasks for spec in t.outputs), o.max_shard_size)
@@ -159,7 +192,8 @@ def make_plan(src: str, o: ConvertOptions) -> Plan:
     side = [str(p) for p in s.ckpt.side_files() if p.name != "dtypes.json"]  # dtypes.json belongs to original/
     layout = "original" if _original_names(items) else "root"
     return Plan(str(s.ckpt.root), s.family.name, layout, s.ckpt.fingerprint(), o, scale_fmt, config,
-                locations(s.ckpt, names), tasks, shards, side)
+                locations(s.ckpt, names), tasks, shards, side, s.ckpt.skipped_side_files(),
+                {f: str((s.ckpt.dir / f).resolve()) for f in s.ckpt.files()})
 
 
 def _original_names(items: list[Item]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..checkpoint import itemsize
+from .items import MODULE
 from .plan import Plan
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ def _base(plan: Plan, dst: str) -> dict:
                    "tensors": len(plan.locs), "bytes": _source_bytes(plan)},
         "destination": dst,
         "options": plan.recorded_options(),
+        "side_files_skipped": plan.skipped_side,
         "output": {"shards": len(plan.shards), "tensors": sum(len(s.specs) for s in plan.shards),
                    "bytes": sum(s.nbytes for s in plan.shards)},
     }
@@ -73,6 +75,7 @@ def run_report(plan: Plan, dst: str, fidelity: dict[str, dict], results: list["S
     rep["memory"] = {"main_peak_rss_anon": main_peak,
                      "shards": [{"file": r.file, "rss_anon_base": r.rss_base, "rss_anon_peak": r.rss_peak} for r in results]}
     rep["paths"] = _paths(plan, fidelity)
+    rep["dequantized_modules"] = [t.item.name for t in plan.tasks if t.path == "dequantize" and t.item.role == MODULE]
     if o.rounding == "stochastic" and any(r["exact_path"] for r in fidelity.values()):
         rep["note"] = "exact paths round nothing: --rounding does not apply to them"
     rep["tensors"] = fidelity
@@ -93,7 +96,9 @@ def render(rep: dict) -> str:
         peak = max([m["rss_anon_peak"] - m["rss_anon_base"] for m in rep["memory"]["shards"]] or [0])
         lines.append(f"run     {r['seconds']} s on {r['device']} x{r['workers']}: source {t['source_gbps']} GB/s, "
                      f"output {t['output_gbps']} GB/s, peak RssAnon growth per shard {peak / 2**20:.1f} MiB"
-                     + (f", {r['shards_resumed']} shard(s) kept from the interrupted run" if r["shards_resumed"] else ""))
+                     + (f", {r['shards_resumed']} shard(s) kept from the interrupted run" if r["shards_resumed"] else "")
+                     + (f", {len(r['shards_redone_source_changed'])} redone (a source file they read changed)"
+                        if r.get("shards_redone_source_changed") else ""))
     lines += ["", "| path | tensors | output bytes | exact path | max rel. error | min share exact |", "|---|---|---|---|---|---|"]
     for path, row in sorted(rep["paths"].items()):
         ex = {True: "yes", False: "no"}.get(row.get("exact_path"), "planned")
@@ -102,6 +107,8 @@ def render(rep: dict) -> str:
         lines.append(f"| {path} | {row['tensors']} | {_gb(row['bytes'])} | {ex} | {err} | {share} |")
     if rep.get("note"):
         lines += ["", rep["note"]]
+    lines += [f"dequantized to BF16 (stored FP8, kept in source precision by the family's rule): {n}" for n in rep.get("dequantized_modules", [])]
+    lines += [f"side file skipped (outside the checkpoint): {s}" for s in rep.get("side_files_skipped", [])]
     if rep.get("dry_run"):
         lines += ["", "dry run: nothing written"]
     return "\n".join(lines)

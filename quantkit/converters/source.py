@@ -45,7 +45,7 @@ def hf_config(ckpt: Checkpoint) -> dict:
     own = ckpt.dir / "config.json"
     orig = cfg
     if not cfg and own.exists():
-        orig = load_json_object(own.read_bytes(), str(own), "the file")
+        orig = load_json_object(ckpt.inside(own, "config").read_bytes(), str(own), "the file")
     if "experts_per_token" in orig and "num_experts" in orig:
         return gpt_oss.hf_config(orig, str(own))
     return cfg

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import finite
 from ..checkpoint import CheckpointError
 from ..formats import exact, fp8_block
 from ..formats.lut import Scratch
@@ -30,7 +31,7 @@ from .ops import Ops
 from .plan import EXACT_PATHS, Task
 from .source import Reader
 
-COPY_PATHS = ("copy", "copy-fp8-block")  # outputs are views of the source, nothing computed
+COPY_PATHS = ("copy", "copy-fp8-block", "copy-mxfp8", "copy-mxfp4")  # outputs are views of the source, nothing computed
 Step = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -79,6 +80,12 @@ def copy_task(task: Task, reader: Reader, ctx: Context) -> tuple[dict[str, torch
         if src.rows is not None:
             t = t[src.rows[0] : src.rows[1]]
         return {task.outputs[0].name: t}, Fidelity.identical(t.numel()).record("copy", True)
+    if task.path in ("copy-mxfp8", "copy-mxfp4"):  # E8M0 bytes as U8, whether stored U8 or F8_E8M0
+        w, s = (t.reshape(task.outputs[0].shape), reader.view(src.tensors[1]).view(torch.uint8))  # MXFP4: blocks or packed rows
+        numel = 1
+        for d in task.item.shape:
+            numel *= d
+        return {task.outputs[0].name: w, task.outputs[1].name: s}, Fidelity.identical(numel).record(task.path, True)
     s = scale_f32(reader.view(src.tensors[1]))
     if ctx.scale_fmt == "ue8m0" and not fp8_block.is_pow2_scale(s):
         raise CheckpointError(f"{src.tensors[1]}: the source declares scale_fmt ue8m0 but this scale is not a power of two")
@@ -87,7 +94,8 @@ def copy_task(task: Task, reader: Reader, ctx: Context) -> tuple[dict[str, torch
 
 def quant_step(task: Task, dec: Decoder, out: list[torch.Tensor], ctx: Context, r: Rounding, scratch: Scratch | None) -> Step:
     L, (n, k) = lead(task.item.shape), task.item.shape[-2:]
-    w, s = out[0].view(L, n, k), out[1].view(L, *out[1].shape[-2:])
+    w = out[0].view(L, n, k // 2) if task.target == "mxfp4" else out[0].view(L, n, k)
+    s = out[1].view(L, *out[1].shape[-2:])
     fmt = ctx.scale_fmt or "float"
 
     def step(l: int, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,6 +109,10 @@ def quant_step(task: Task, dec: Decoder, out: list[torch.Tensor], ctx: Context, 
                 put(w[l, a:b], q)
             put(s[l, a // TILE : cdiv(b, TILE)], sc)
             return x, ctx.ops.fp8_dequant(q, sc, scratch)
+        if task.target == "mxfp4":  # codes [r, K/32, 16] into the packed rows [r, K/2]
+            blocks, sc = ctx.ops.mxfp4(x, ctx.rule, rr)
+            put(w[l, a:b], blocks.view(b - a, k // 2)), put(s[l, a:b], sc)
+            return x, ctx.ops.mxfp4_decode(blocks, sc)
         q, sc = ctx.ops.mxfp8(x, ctx.rule, rr)
         put(w[l, a:b], q), put(s[l, a:b], sc)
         return x, ctx.ops.mxfp8_dequant(q, sc)
@@ -122,6 +134,28 @@ def exact_mx_step(task: Task, dec: Decoder, out: list[torch.Tensor], ops: Ops) -
             ref = ops.fp8_dequant(enc, sc)
         put(w[l, a:b], q), put(s[l, a:b], e)
         return ref, ops.mxfp8_dequant(q, e)
+
+    return step
+
+
+def mx_to_blocks_step(task: Task, dec: Decoder, out: list[torch.Tensor], ctx: Context, r: Rounding, exact_tiles: list[int]) -> Step:
+    """MXFP8 -> fp8-block: tiles that can share their largest MX scale keep their values exactly
+    (formats.exact.mxfp8_to_fp8_block); the others are requantized as any float source would be.
+    ``exact_tiles`` accumulates [exact, all] tile counts."""
+    L, (n, k) = lead(task.item.shape), task.item.shape[-2:]
+    w, s = out[0].view(L, n, k), out[1].view(L, *out[1].shape[-2:])
+
+    def step(l: int, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        q, e = dec.raw_rows(l, a, b)
+        x = ctx.ops.mxfp8_dequant(q, e)
+        qx, sx, ok = exact.mxfp8_to_fp8_block(q, e)
+        qr, sr = ctx.ops.fp8_block(x, ctx.scale_fmt or "float", ctx.rule, r.at((l * n + a) * k))
+        exact_tiles[0] += int(ok.sum())
+        exact_tiles[1] += ok.numel()
+        qo = torch.where(fp8_block.expand_tiles(ok, b - a, k), qx.view(torch.uint8), qr.view(torch.uint8)).view(torch.float8_e4m3fn)
+        so = torch.where(ok, sx, sr)
+        put(w[l, a:b], qo), put(s[l, a // TILE : cdiv(b, TILE)], so)
+        return x, ctx.ops.fp8_dequant(qo, so)
 
     return step
 
@@ -155,8 +189,25 @@ def resolve_path(task: Task, dec: Decoder) -> str:
     return "fp8-block(ue8m0)->mxfp8" if fp8_block.is_pow2_scale(dec.all_scales()) else "requantize"
 
 
+def check_finite(task: Task, reader: Reader) -> None:
+    """Refuse a source tensor holding NaN/Inf (or NaN bytes of E4M3 / E8M0): a quantizer would spread
+    it over its whole block, and a copy would hand it on unseen (quantkit/finite.py)."""
+    src = task.item.source
+    # plain: one float tensor; otherwise the weight (E4M3 bytes, or MXFP4 codes: always finite) and its scale
+    codes = ("float",) if src.kind == "plain" else (None if src.kind == "mxfp4" else "e4m3", finite.code_of(src.dtype, e8m0_bytes=True))
+    for name, code in zip(src.tensors, codes):
+        t = reader.view(name)
+        if src.kind == "plain" and src.rows is not None:
+            t = t[src.rows[0] : src.rows[1]]
+        bad = finite.scan(name, t, code)
+        if bad is not None:
+            raise CheckpointError(f"{bad.message()}: convert refuses non-finite weights and scales "
+                                  "(a quantizer spreads one over its whole block); `quantkit inspect` lists them all")
+
+
 def run_task(task: Task, reader: Reader, ctx: Context, want: bool) -> tuple[dict[str, torch.Tensor], dict | None]:
     """All outputs of ``task`` (name -> tensor) and, when ``want``, its fidelity record."""
+    check_finite(task, reader)
     if task.path in COPY_PATHS:
         return copy_task(task, reader, ctx)
     on_cpu = ctx.ops.device.type == "cpu"
@@ -165,9 +216,12 @@ def run_task(task: Task, reader: Reader, ctx: Context, want: bool) -> tuple[dict
     exact_path = path in EXACT_PATHS or path == "fp8-block(ue8m0)->mxfp8"
     r = NEAREST if exact_path else ctx.rounding.for_tensor(task.outputs[0].name)
     out = outputs(task, ctx.ops.device)
+    tiles = [0, 0]  # mxfp8->fp8-block: exact tiles, all tiles
     if path in ("mxfp4->mxfp8", "fp8-block(ue8m0)->mxfp8"):
         step = exact_mx_step(task, dec, out, ctx.ops)
-    elif task.target in ("fp8-block", "mxfp8"):
+    elif path == "mxfp8->fp8-block":
+        step = mx_to_blocks_step(task, dec, out, ctx, r, tiles)
+    elif task.target in ("fp8-block", "mxfp8", "mxfp4"):
         step = quant_step(task, dec, out, ctx, r, Scratch() if on_cpu else None)
     else:
         step = bf16_step(task, dec, out, r)
@@ -185,4 +239,10 @@ def run_task(task: Task, reader: Reader, ctx: Context, want: bool) -> tuple[dict
     fid.settle()
     if want and exact_path and fid.exact != fid.numel:
         raise CheckpointError(f"{task.item.name}: the exact path {path} changed {fid.numel - fid.exact} of {fid.numel} elements (max abs {fid.max_abs:g})")
-    return {s.name: t for s, t in zip(task.outputs, out)}, fid.record(path, exact_path) if want else None
+    if path == "mxfp8->fp8-block":  # exact where every tile was: reported as such, with the tile count
+        exact_path = tiles[0] == tiles[1]
+        path = path if exact_path else f"{path} (partly requantized)"
+    rec = fid.record(path, exact_path) if want else None
+    if rec is not None and tiles[1]:
+        rec["exact_tiles"] = f"{tiles[0]}/{tiles[1]}"
+    return {s.name: t for s, t in zip(task.outputs, out)}, rec

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..modelconfig import read
-from .qlinear import Linear
+from .qlinear import Linear, linear
 
 
 class ExpertParallel:
@@ -39,39 +39,44 @@ class ExpertParallel:
 
     def routed(self, experts, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """This rank's (token, slot) pairs whose expert is local run as rows of their own (one slot each,
-        so the work is the local pairs only), summed per token in float32, then over the ranks."""
+        so the work is the local pairs only), weighted and summed per token in float32, then over the ranks.
+
+        The experts run with routing weight 1 and the weight is applied here: as in the unsharded
+        experts (fused_moe), an expert's output is rounded to x.dtype once and its weighted share stays
+        float32 until the sum; a weight applied inside would round every share to x.dtype as well."""
         local = self.g2l[idx]
         tok, slot = torch.where(local >= 0)
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         if tok.numel():
-            y = experts(x[tok], weights[tok, slot, None], local[tok, slot, None])
-            out.index_add_(0, tok, y.to(torch.float32))
+            ones = torch.ones((tok.numel(), 1), dtype=weights.dtype, device=x.device)
+            y = experts(x[tok], ones, local[tok, slot, None])  # [pairs, H] x.dtype: each expert's output, unweighted
+            out.index_add_(0, tok, y.to(torch.float32) * weights[tok, slot, None].to(torch.float32))
         dist.all_reduce(out, group=self.group)
         return out.to(x.dtype)
 
 
 class RowParallel(Linear):
     """A projection whose input features are split over the TP group (``o_proj``, a dense or shared
-    expert's ``down_proj``): each rank's partial product, summed in float32 by one all-reduce, then the
-    bias, which every rank holds whole, once."""
+    expert's ``down_proj``): each rank's partial product in float32, summed by one float32 all-reduce,
+    then the bias, which every rank holds whole, once, and one rounding to the output dtype, as the
+    whole projection rounds its float32 product once (partials rounded first would add a rounding each)."""
 
     def __init__(self, inner: Linear, group) -> None:
         super().__init__(inner.weight, None)
         self.register_buffer("whole_bias", inner.bias)
         self.group = group
 
-    def _sum(self, y: torch.Tensor) -> torch.Tensor:
-        out = y.to(torch.float32)
-        dist.all_reduce(out, group=self.group)
+    def _sum(self, y: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        dist.all_reduce(y, group=self.group)
         if self.whole_bias is not None:
-            out = out + self.whole_bias.to(torch.float32)
-        return out.to(y.dtype)
+            y = y + self.whole_bias.to(torch.float32)
+        return y.to(out_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._sum(super().forward(x))
+        return self._sum(linear(x, self.weight, out_dtype=torch.float32), x.dtype)
 
     def quantized(self, a: torch.Tensor, a_scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-        return self._sum(super().quantized(a, a_scale, out_dtype))
+        return self._sum(super().quantized(a, a_scale, torch.float32), out_dtype)
 
 
 class VocabParallelHead(nn.Module):
@@ -149,17 +154,17 @@ def attach(model) -> int:
     """Give every MoE layer of a rank's model its expert-parallel reduction over all ranks; the number of MoE layers."""
     from .layers.moe import MoE
 
-    shard = model.config["quantkit_shard"]
-    n_global = read(model.config).experts
     blocks = list(enumerate(model.layers))
     if model.mtp is not None:
         blocks.append((len(model.layers), model.mtp.block))
-    n = 0
-    for i, layer in blocks:
-        if isinstance(layer.mlp, MoE):
-            layer.mlp.ep = ExpertParallel(shard["experts"][str(i)], n_global, None, model.device)  # None: the world group
-            n += 1
-    return n
+    moe = [(i, layer.mlp) for i, layer in blocks if isinstance(layer.mlp, MoE)]
+    if not moe:  # a dense model (Qwen3): tensor parallel only
+        return 0
+    shard = model.config["quantkit_shard"]
+    n_global = read(model.config).experts
+    for i, mlp in moe:
+        mlp.ep = ExpertParallel(shard["experts"][str(i)], n_global, None, model.device)  # None: the world group
+    return len(moe)
 
 
 def agree_min(value: int, group) -> int:

@@ -162,16 +162,19 @@ def quantize_act(x: torch.Tensor, act: ActQuant, ops: Dispatcher) -> tuple[torch
     return ops.call("act_quant_mxfp8", x, act.rule)
 
 
-def linear(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None, expert: int | None = None) -> torch.Tensor:
-    """y = x @ W.T (+ bias) for x [..., K] and one (expert's) weight [N, K]; float32 products, out in x.dtype."""
+def linear(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None, expert: int | None = None,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """y = x @ W.T (+ bias) for x [..., K] and one (expert's) weight [N, K]; float32 products, out in
+    ``out_dtype`` (default x.dtype)."""
+    out_dtype = out_dtype or x.dtype
     if x.shape[-1] != w.shape[1]:
         raise ValueError(f"linear: input has {x.shape[-1]} features, weight {w.fmt} is {w.shape} (out x in)")
     if w.act is not None:  # fp8-block / mxfp8 (QWeight checks act.kind == fmt): the block-scaled GEMM op
         a, s = quantize_act(x.contiguous(), w.act, w.ops)
-        return linear_quantized(a, s, w, x.dtype, bias, expert)
+        return linear_quantized(a, s, w, out_dtype, bias, expert)
     b = None if bias is None else _sel(bias, expert)
     y = torch.nn.functional.linear(x.to(torch.float32), w.dequant(expert), None if b is None else b.to(torch.float32))
-    return y.to(x.dtype)
+    return y.to(out_dtype)
 
 
 def linear_quantized(

@@ -7,6 +7,7 @@ A linear weight ``<base>.weight`` is read as (names as on disk, see docs/formats
 | ``weight`` F8_E4M3 + ``weight_scale_inv`` F32 tile grid           | fp8-block (HF / DeepSeek fine-grained FP8) |
 | ``weight`` F8_E4M3 + ``weight_scale`` F32/BF16 tile grid          | fp8-block (compressed-tensors naming) |
 | ``weight`` F8_E4M3 + ``weight_scale`` U8/F8_E8M0 [N, K/32]        | mxfp8 (compressed-tensors mxfp8) |
+| ``weight_packed`` U8 [N, K/2] + ``weight_scale`` U8 [N, K/32]     | mxfp4 (compressed-tensors mxfp4-pack-quantized: GPT-OSS's bytes; w4a16, dequantized per layer at each call) |
 | ``weight`` BF16/F16/F32                                           | dense       |
 
 GPT-OSS fused experts ``mlp.experts.{gate_up,down}_proj`` are [E, out, in] as ``_blocks`` +
@@ -113,6 +114,9 @@ class Weights:
     def weight(self, base: str) -> QWeight:
         """``<base>.weight`` (+ its scales) as a packed weight [N, K]."""
         name = base + ".weight"
+        if self.has(base + ".weight_packed"):  # [N, K/2] packed bytes are GPT-OSS's [N, K/32, 16] blocks
+            packed = self.raw(base + ".weight_packed")
+            return Mxfp4(packed.view(*packed.shape[:-1], -1, 16), self.raw(base + ".weight_scale"), self.ops)
         if self.ckpt.info(name).dtype == "F8_E4M3":
             return self._scaled(name, (base + ".weight_scale_inv", base + ".weight_scale"))
         return Dense(self.raw(name), self.ops)
@@ -132,6 +136,8 @@ class Weights:
             return Dense(bufs["w"], self.ops)
         if isinstance(first, Fp8Block):
             return Fp8Block(bufs["q"], bufs["scale_inv"], first.act, self.ops)
+        if isinstance(first, Mxfp4):
+            return Mxfp4(bufs["blocks"], bufs["scales"], self.ops)
         return Mxfp8(bufs["q"], bufs["scale"], first.act, self.ops)
 
     def fused(self, base: str) -> QWeight:

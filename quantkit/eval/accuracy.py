@@ -9,7 +9,6 @@ is one model plus one window's reference data, whatever the number of candidates
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +20,7 @@ import torch
 from ..checkpoint import Checkpoint
 from ..modelconfig import ModelConfig
 from ..modelshapes import verify
+from ..progress import Progress
 from .data import Windows, make_windows
 from .metrics import Accumulator, Summary
 from .reference import IMPLS, Runner, open_reference
@@ -105,10 +105,8 @@ def _names(paths: Sequence[str]) -> list[str]:
     return short if len(set(short)) == len(short) else [str(p) for p in paths]
 
 
-def _progress(total: int, enabled: bool | None):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="eval accuracy", unit="window", file=sys.stderr, disable=None if enabled is None else not enabled)
+def _progress(total: int, style: str) -> Progress:
+    return Progress("eval accuracy", total, "window", style)
 
 
 def _run_reference(runner: Runner, win: Windows, tmp: Path, hidden: bool, bar) -> None:
@@ -146,7 +144,7 @@ def evaluate(
     hidden: bool = True,
     max_kld: float | None = None,
     min_top1: float | None = None,
-    progress: bool | None = None,
+    progress: str = "off",
     open_candidate: OpenCandidate = engine_candidate,
 ) -> AccuracyReport:
     """Compare each candidate with the reference; see the module docstring for the passes."""

@@ -5,8 +5,16 @@ GPT-OSS layout (transformers integrations/mxfp4.py, openai/gpt-oss torch/weights
 LOW nibble is element 2j and the HIGH nibble element 2j+1.  value = LUT[code] * 2**(scale - 127).
 E2M1 codes: bit 3 is the sign, bits 0-2 index 0, .5, 1, 1.5, 2, 3, 4, 6.
 
-Encoding (for synth and round trips): scale from :mod:`e8m0` with element "e2m1" (max 6), then
-round-to-nearest-even onto the E2M1 grid, saturating at +-6.
+Encoding (``convert --to mxfp4``, synth): scale from :mod:`e8m0` with element "e2m1" (max 6),
+then each element divided by it (a power of two: exact) is rounded onto the E2M1 grid, saturating
+at +-6: ``nearest`` ties to even; ``stochastic`` picks one of the two neighbours of |v| with
+ulp = 2**(max(floor(log2|v|), 0) - 1) (0.5 below 2, 1 in [2, 4), 2 in [4, 6]): t = |v| / ulp,
+floor(t) + (u < f) ulps, f = frac(t) truncated to 20 bits, u the element's uniform from
+:mod:`quantkit.formats.rounding` (as E4M3's stochastic rounding, :mod:`.fp8`).
+
+compressed-tensors' MXFP4 (``mxfp4-pack-quantized``) stores the same bytes as ``weight_packed``
+U8 [..., out, in/2] (its ``pack_fp4_to_uint8`` also puts element 2j in the low nibble) with
+``weight_scale`` U8 [..., out, in/32].
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from . import e8m0
+from .rounding import NEAREST, Rounding, uniform
 
 BLOCK = 32
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -60,12 +69,28 @@ def encode_e2m1(v: torch.Tensor) -> torch.Tensor:
     return code | (torch.signbit(v).to(torch.uint8) << 3)
 
 
-def encode(w: torch.Tensor, rule: str = e8m0.DEFAULT_RULE) -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., out, in] -> (blocks U8 [..., out, in/32, 16], scales U8 [..., out, in/32])."""
+def round_e2m1_stochastic(v: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """float32 v (already divided by its scale) -> float32 on the E2M1 grid, saturating at +-6,
+    rounded up with the given uniforms u (float32 multiples of 2**-20 in [0, 1))."""
+    a = v.abs().clamp(max=6.0)
+    e = (torch.frexp(a)[1].to(torch.int32) - 1).clamp(min=0)  # floor(log2 a), at least 0
+    ulp = ((e - 1 + 127) << 23).view(torch.float32)  # 2**(e-1), exact
+    t = a / ulp  # exact: a power-of-two divisor
+    fl = torch.floor(t)
+    up = (u < torch.floor((t - fl) * 2.0**20) * 2.0**-20).to(torch.float32)
+    return torch.copysign(((fl + up) * ulp).clamp(max=6.0), v)
+
+
+def encode(w: torch.Tensor, rule: str = e8m0.DEFAULT_RULE, rounding: Rounding = NEAREST) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., out, in] -> (blocks U8 [..., out, in/32, 16], scales U8 [..., out, in/32]).
+
+    Stochastic rounding draws element i's uniform at flat index ``rounding.offset + i`` of ``w``."""
     k = w.shape[-1]
     if k % BLOCK:
         raise ValueError(f"MXFP4 needs the input dim to be a multiple of {BLOCK}, got {k}")
     g = w.to(torch.float32).unflatten(-1, (k // BLOCK, BLOCK))
     exp = e8m0.exponent(g.abs().amax(-1), "e2m1", rule)
     v = g / e8m0.pow2(exp.clamp(max=127)).unsqueeze(-1)
+    if rounding.stochastic:
+        v = round_e2m1_stochastic(v, uniform(rounding, tuple(v.shape), v.device))
     return pack(encode_e2m1(v)), e8m0.to_bytes(exp)

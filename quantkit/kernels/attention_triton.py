@@ -209,13 +209,17 @@ def pow2(n: int, least: int = 16) -> int:
     return max(least, next_pow2(n))
 
 
-def default_prefill_config(head_dim: int) -> PrefillConfig:
+def default_prefill_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> PrefillConfig:
     """H200 sweep (scripts/bench_attention.py, 8192 tokens, 64 / 8 heads, d 64, bf16): 64 x 64 / 4
     warps / 3 stages took 1.370 ms full causal and 0.155 ms with window 128, against 1.520 / 0.196
-    for 128 x 64 (the best of 13 configs in both).  Larger heads keep 128 x 64 / 8 warps (not swept)."""
+    for 128 x 64 (the best of 13 configs in both).  Larger heads keep 128 x 64 / 8 warps (not swept).
+    float32 operands take twice the shared memory: above d 64 (MLA's 192 pads to 256) the bf16 tiles
+    need 361 KB against the H200's 227 KB, so float32 runs 64 x 32 tiles in 2 stages (160 KB)."""
     if interpreted():
         return INTERPRETER_PREFILL
-    return PrefillConfig(64, 64, 4, 3) if head_dim <= 64 else PrefillConfig(128, 64, 8, 3)
+    if head_dim <= 64:
+        return PrefillConfig(64, 64, 4, 3)
+    return PrefillConfig(64, 32, 4, 2) if dtype == torch.float32 else PrefillConfig(128, 64, 8, 3)
 
 
 def attention_prefill(
@@ -250,7 +254,7 @@ def attention_prefill(
         return out
     if max_seqlen_q is None:
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
-    cfg = config or default_prefill_config(d)
+    cfg = config or default_prefill_config(d, q.dtype)
     dot, precision = dot_dtype(q.dtype)
     num_m_blocks = cdiv(max_seqlen_q, cfg.block_m)
     bt = block_tables if paged else cu_seqlens_q  # unread when not paged

@@ -323,12 +323,16 @@ def fused_moe(
     spec: MoeSpec,
     *,
     config: MoeConfig | None = None,
+    x_q: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """x [T, H] -> [T, H] x.dtype; see the module docstring (no host sync)."""
+    """x [T, H] -> [T, H] x.dtype; see the module docstring (no host sync).  ``x_q``: x already quantized
+    by the op's rule (:func:`.fused_moe_ref.fused_moe_ref`); step 1's quantization is then skipped."""
     t, h, _, e = check_moe(x, topk_weights, topk_ids, w13, w2)
     k = topk_ids.shape[1]
     n = t * k
     cfg = config or pick_moe_config(n, e, w13.fmt, spec.interleaved)
+    if x_q is not None and cfg.fuse_quant:
+        raise ValueError(f"fused_moe {cfg.name()}: a fused-quantization config takes unquantized activations, not x_q")
     if cfg.wgmma:
         why = wgmma_why_not(w13, w2, spec, cfg.block_m, x.device)
         if why is not None and config is not None:
@@ -345,30 +349,30 @@ def fused_moe(
     al = align(topk_ids, e, cfg.block_m, pdl)
     y = torch.empty((n, h), dtype=x.dtype, device=x.device)  # [T*k, H], slot order
     if sorted_rows:
-        _experts_sorted(x.contiguous(), w13, w2, spec, al, k, cfg, y)
+        _experts_sorted(x.contiguous(), w13, w2, spec, al, k, cfg, y, x_q)
     else:
-        _experts_gathered(x.contiguous(), w13, w2, spec, al, k, cfg, y, pdl)
+        _experts_gathered(x.contiguous(), w13, w2, spec, al, k, cfg, y, pdl, x_q)
     block_h = min(1024, next_pow2(h))
     _combine_kernel[(t, cdiv(h, block_h))](y, w, out, h, TOP_K=k, ROUND=x.dtype == torch.bfloat16, BLOCK_H=block_h, PDL=pdl, launch_pdl=pdl)
     return out
 
 
-def _experts_gathered(x, w13, w2, spec, al, k, cfg, y, pdl: bool = False) -> None:
+def _experts_gathered(x, w13, w2, spec, al, k, cfg, y, pdl: bool = False, x_q=None) -> None:
     """Both GEMMs on gathered token rows (the module docstring's steps 1-4) -> y [T*k, H]."""
     n, inter = y.shape[0], w2.q.shape[2]
     quant = (lambda t_: (t_, None)) if cfg.fuse_quant else (lambda t_: _quant(t_, w13.fmt, spec, pdl))  # noqa: E731
-    a, sa = quant(x)  # once per token: E4M3 [T, H]
+    a, sa = quant(x) if x_q is None else x_q  # once per token: E4M3 [T, H]
     mid = torch.empty((n, inter), dtype=x.dtype, device=x.device)  # [T*k, I], slot order
     _gemm(a, sa, w13, mid, al, n, k, spec, True, cfg.block_n1, cfg, pdl)
     mq, ms = quant(mid)
     _gemm(mq, ms, w2, y, al, n, 1, spec, False, cfg.block_n2, cfg, pdl)
 
 
-def _experts_sorted(x, w13, w2, spec, al, k, cfg, y) -> None:
+def _experts_sorted(x, w13, w2, spec, al, k, cfg, y, x_q=None) -> None:
     """Both GEMMs on expert-sorted rows (:mod:`.fused_moe_sorted`) -> y [T*k, H]."""
     assert not cfg.fuse_quant, f"{cfg.name()}: sorted rows take activations quantized once"
     n, inter = y.shape[0], w2.q.shape[2]
-    a, sa = gather_rows(*_quant(x, w13.fmt, spec), al, n, k)  # [cap, H] in sorted order
+    a, sa = gather_rows(*(_quant(x, w13.fmt, spec) if x_q is None else x_q), al, n, k)  # [cap, H] in sorted order
     mid = torch.empty((al.sorted_ids.shape[0], inter), dtype=x.dtype, device=x.device)  # [cap, I], sorted order
     if cfg.wgmma:  # fused_moe checked wgmma_why_not
         sorted_gemm_wgmma(a, sa, w13, mid, al, n, spec, True, ACT_CODES[spec.activation], cfg.num_stages, cfg.group_m)

@@ -148,10 +148,20 @@ def _expert(xq: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights, e: int, spe
     return F.linear(quant_dequant(h, w2.fmt, spec), w2.dequant(e), _bias(w2, e, slice(None))).to(dtype)
 
 
-def fused_moe_ref(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights, spec: MoeSpec) -> torch.Tensor:
-    """Per-expert loop (host-synchronising: torch.unique / where); see the module docstring."""
+def dequant_input(x_q: tuple[torch.Tensor, torch.Tensor], fmt: str) -> torch.Tensor:
+    """Activations quantized as :func:`quant_dequant` quantizes them (E4M3 + their scales) -> float32."""
+    if fmt == "fp8-block":
+        return fp8_block.dequantize_act(*x_q)
+    return mxfp8.dequantize(x_q[0], x_q[1].view(torch.uint8))
+
+
+def fused_moe_ref(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights,
+                  spec: MoeSpec, *, x_q: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
+    """Per-expert loop (host-synchronising: torch.unique / where); see the module docstring.  ``x_q``: x
+    already quantized by the op's rule (E4M3 [T, H] + scales), as an expert-parallel dispatch delivers it;
+    x then gives only the shape and the output dtype."""
     check_moe(x, topk_weights, topk_ids, w13, w2)
-    xq = quant_dequant(x, w13.fmt, spec)  # float32 [T, H]
+    xq = quant_dequant(x, w13.fmt, spec) if x_q is None else dequant_input(x_q, w13.fmt)  # float32 [T, H]
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]
     for e in torch.unique(topk_ids).tolist():
         rows, slot = torch.where(topk_ids == e)

@@ -8,7 +8,6 @@ from pathlib import Path
 import torch
 
 from .scheduler import LLMEngine
-from .server import Server
 from .text import ModelText
 
 
@@ -22,11 +21,12 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
           model_name: str | None = None, max_model_len: int | None = None, max_num_seqs: int = 64,
           max_num_batched_tokens: int = 2048, block_size: int = 16, kv_cache_gib: float | None = None,
           gpu_memory_utilization: float = 0.9, act_quant: bool = True, backend: str = "auto",
-          prefix_caching: bool = True) -> Server | Worker:
+          prefix_caching: bool = True, limits=None) -> Server | Worker:
     """Load the checkpoint and bind the server (not serving yet: ``serve()`` or ``start_background()``).
 
     KV cache: ``kv_cache_gib`` when given; otherwise on CUDA what ``gpu_memory_utilization`` of the
     device leaves after the weights, on a CPU 2 GiB; never more than ``max_num_seqs`` full contexts.
+    ``limits`` (a :class:`.server.Limits`): what one client may ask of the HTTP server (its defaults when None).
     A ``quantkit shard`` output is served expert (and tensor) parallel, one process per rank under torchrun
     (:mod:`.distributed`): rank 0 gets the Server, the other ranks a :class:`Worker`."""
     from ..engine import parallel
@@ -35,14 +35,7 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
 
     root, man, ctrl, rank = Path(ckpt), distributed.sharded_root(ckpt), None, 0
     if man is not None:
-        rank, _, path = distributed.launch_info(root, man)
-        dev, ctrl = parallel.init(device)
-        tp = int(man["parallel"].get("tp", 1))
-        tp_group = parallel.tp_groups(int(man["parallel"]["world_size"]), tp) if tp > 1 else None
-        model = load(path, dev, getattr(torch, dtype), act_quant=act_quant, backend=backend, rank_of_shard=True)
-        parallel.attach(model)
-        if tp_group is not None:
-            parallel.attach_tp(model, tp_group)
+        model, ctrl, rank, path = load_rank(root, man, device, dtype, act_quant, backend)
     else:
         path = root
         model = load(path, device, getattr(torch, dtype), act_quant=act_quant, backend=backend)
@@ -67,11 +60,32 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
         return Worker(model, model.new_cache(blocks, block_size), ctrl, rank)
     text = ModelText(path, model.config)
     engine = LLMEngine(model, blocks, block_size, max_num_seqs, max_num_batched_tokens, max_len, text.eos_ids, prefix_caching)
-    server = Server((host, port), engine, text, model_name or root.resolve().name)
+    from .server import Server  # the HTTP side (fastapi, uvicorn): rank 0 alone
+
+    server = Server((host, port), engine, text, model_name or root.resolve().name, limits)
     if ctrl is not None:
         engine.on_step = distributed.broadcaster(ctrl)
         server.ctrl = ctrl
     return server
+
+
+def load_rank(root: Path, man: dict, device: str, dtype: str, act_quant: bool = True, backend: str = "auto"):
+    """This process's rank of a ``quantkit shard`` output (torchrun's environment says which), joined to
+    its process groups with its expert- and tensor-parallel layers attached: (model, gloo control group,
+    rank, rank directory)."""
+    from ..engine import parallel
+    from ..engine.loader import load
+    from . import distributed
+
+    rank, world, path = distributed.launch_info(root, man)
+    dev, ctrl = parallel.init(device)
+    tp = int(man["parallel"].get("tp", 1))
+    tp_group = parallel.tp_groups(world, tp) if tp > 1 else None
+    model = load(path, dev, getattr(torch, dtype), act_quant=act_quant, backend=backend, rank_of_shard=True)
+    parallel.attach(model)
+    if tp_group is not None:
+        parallel.attach_tp(model, tp_group)
+    return model, ctrl, rank, path
 
 
 class Worker:

@@ -1,7 +1,9 @@
 """Sampling parameters and the next-token sampler of the serving engine.
 
 The rules are the ones OpenAI-compatible servers (vLLM, SGLang) apply, in their order:
-``temperature == 0`` is greedy (argmax, the lowest id on a tie); otherwise the logits are divided
+``temperature`` below ``TEMPERATURE_FLOOR`` (1e-5, vLLM's ``_SAMPLING_EPS``) is greedy (argmax, the lowest id on
+a tie): dividing by a smaller one sends logits to infinity and the distribution to NaN (1e-300 did),
+while at the floor float32 logits of magnitude 1e3 stay within 1e8; otherwise the logits are divided
 by the temperature, cut to the ``top_k`` largest, then to the smallest set whose probability
 reaches ``top_p`` (the most likely token always stays), and one token is drawn.  Before that,
 ``logit_bias`` and the presence / frequency / repetition penalties adjust the logits (:func:`adjust`).
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 MAX_LOGPROBS = 20  # the OpenAI API's limit on top logprobs per token
+TEMPERATURE_FLOOR = 1e-5  # below it sampling is greedy (the sampler divides by the temperature)
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < TEMPERATURE_FLOOR or self.top_k == 1
 
 
 @dataclass

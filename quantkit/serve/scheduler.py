@@ -4,8 +4,10 @@ Each :meth:`LLMEngine.step` builds one flat-token batch, as vLLM's v1 scheduler 
 
 1. every running request gets its next token decoded, or the next chunk of a prefill that did not
    fit one step (chunked prefill), in admission order, within ``max_num_batched_tokens``;
-2. then waiting requests are admitted, first come first served, while the token budget,
-   ``max_num_seqs`` and the free KV blocks allow; a long prompt is prefilled in chunks.
+2. then waiting requests are admitted while the token budget, ``max_num_seqs`` and the free KV blocks
+   allow, fairly across groups (the sequences of one client request): next is the first waiting
+   request of the group with the fewest sequences running, first come first served among equals;
+   a long prompt is prefilled in chunks.
 
 When a running request needs a KV block and none is free, the most recently admitted request is
 preempted: its blocks are released and it goes back to the front of the queue, to be recomputed
@@ -26,7 +28,7 @@ import hashlib
 import itertools
 import time
 from array import array
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
@@ -54,13 +56,15 @@ class Request:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)  # first entry None (no context)
     computed: int = 0  # tokens of prompt + output whose keys are in the cache
-    finish_reason: str | None = None  # "stop", "length" or "abort"
+    finish_reason: str | None = None  # "stop", "length", "abort" or "error"
+    error: str | None = None  # why it failed ("error"): its own sampling or text, not the batch's forward
     stop_reason: int | str | None = None  # the stop token or string that ended it
     first_token_time: float | None = None
     finish_time: float | None = None
     preemptions: int = 0
     block_hashes: list[bytes] = field(default_factory=list)  # prefix caching: hashes of its full token blocks so far
     committed: int = 0  # blocks indexed in the cache
+    group: Hashable = None  # the client request it belongs to: admission is fair across groups
 
     def __post_init__(self) -> None:
         self.gen = new_generator(self.params.seed)
@@ -108,6 +112,9 @@ class LLMEngine:
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         limit = int(model.config.get("max_position_embeddings", num_blocks * block_size))
         self.max_model_len = min(max_model_len or limit, limit, num_blocks * block_size)
+        # token ids are checked against the config's vocabulary: in tensor-parallel serving a rank's
+        # embed_tokens holds only its slice of the rows, while the gathered logits cover them all
+        self.vocab_size = int(model.config["vocab_size"])
         self.eos_ids = tuple(eos_ids)
         self.prefix_caching = prefix_caching
         self.waiting: deque[Request] = deque()
@@ -123,23 +130,28 @@ class LLMEngine:
         """Raise RequestError when the engine cannot run this prompt with these params."""
         if not prompt:
             raise RequestError("the prompt is empty: it needs at least one token")
-        vocab = self.model.embed_tokens.shape[0]
+        vocab = self.vocab_size
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
         bad = [t for t, _ in params.logit_bias if not 0 <= t < vocab]
         if bad:
             raise RequestError(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"stop_token_ids id {bad[0]} is outside the vocabulary [0, {vocab})")
         if len(prompt) + params.max_tokens > self.max_model_len:
             raise RequestError(f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) is more than "
                                f"the maximum context length of {self.max_model_len} tokens")
 
     def add_request(self, prompt: list[int], params: SamplingParams, request_id: str | None = None,
-                    detok: Detokenizer | None = None, checked: bool = False) -> Request:
-        """Queue a request (``checked``: the caller ran :meth:`check_request` on it already)."""
+                    detok: Detokenizer | None = None, checked: bool = False, group: Hashable | None = None) -> Request:
+        """Queue a request (``checked``: the caller ran :meth:`check_request` on it already; ``group``: the client
+        request it belongs to, for fair admission, by default its own)."""
         if not checked:
             self.check_request(prompt, params)
         r = Request(request_id or f"req-{next(self._ids)}", list(prompt), params, detok)
+        r.group = r.id if group is None else group
         self.waiting.append(r)
         return r
 
@@ -197,6 +209,17 @@ class LLMEngine:
             return []
         return self.cache.match(self._hashes(r, (r.num_tokens - 1) // self.cache.block_size))
 
+    def _next_waiting(self) -> Request:
+        """Fair admission across groups (a client request's sequences): the first waiting request of the group with
+        the fewest sequences running; first come first served among equals, so a preempted request (at the front)
+        goes first among equals.  A request of 256 sequences cannot hold a one-sequence request back: that one
+        enters at the first free seat."""
+        head = self.waiting[0]
+        running = Counter(q.group for q in self.running)
+        if not running[head.group]:
+            return head
+        return min(self.waiting, key=lambda q: running[q.group])  # min keeps the first of equals
+
     def _schedule(self) -> dict[Request, int]:
         budget, plan, reserved = self.max_num_batched_tokens, {}, 0  # reserved: blocks this step's earlier entries take
 
@@ -218,7 +241,7 @@ class LLMEngine:
                 plan[r], budget, reserved = n, budget - n, reserved + self._blocks_needed(r, n)
         bs = self.cache.block_size
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            r = self.waiting[0]
+            r = self._next_waiting()
             hit = self._prefix_hit(r)
             start = r.computed + len(hit) * bs
             n = min(r.num_tokens - start, budget)
@@ -227,7 +250,7 @@ class LLMEngine:
                 if not self.running and not plan:
                     raise RuntimeError(f"request {r.id}: {n} tokens do not fit an empty KV cache of {self.cache.num_blocks} blocks")
                 break
-            self.waiting.popleft()
+            self.waiting.remove(r)
             self.running.append(r)
             if self.caching and not r.computed:
                 self.stats.prefix_queries += r.num_tokens
@@ -279,13 +302,22 @@ class LLMEngine:
             if self.caching and full > r.committed:  # blocks now full and written: index them for later prompts
                 self.cache.commit(r.id, r.committed, self._hashes(r, full)[r.committed:])
                 r.committed = full
-            if lp_rows:
-                self._prompt_logprobs(r, torch.stack([host[i] for i in range(at, at + len(lp_rows))]), lp_rows)
-            if sample_now:
-                i = at + len(lp_rows)
-                self._sample(r, host.get(i), top[i], now)
+            try:
+                if lp_rows:
+                    self._prompt_logprobs(r, torch.stack([host[i] for i in range(at, at + len(lp_rows))]), lp_rows)
+                if sample_now:
+                    i = at + len(lp_rows)
+                    self._sample(r, host.get(i), top[i], now)
+            except Exception as e:  # its own sampler, logprobs or text failed: it alone ends, the batch goes on
+                self._fail(r, e)
             done.append(r)
         return done
+
+    def _fail(self, r: Request, e: Exception) -> None:
+        """End r with an error of its own (finish reason "error", ``r.error`` says what), its blocks freed."""
+        r.error = f"{type(e).__name__}: {e}"
+        if not r.finished:
+            self._finish(r, "error")
 
     def _needs_row(self, r: Request) -> bool:
         """Whether sampling r needs its logits row on the host: anything but plain greedy."""

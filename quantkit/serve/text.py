@@ -24,6 +24,8 @@ from pathlib import Path
 
 from .. import families
 
+# what render_chat itself gives a chat template: a request's chat_template_kwargs cannot set these
+TEMPLATE_VARIABLES = ("messages", "add_generation_prompt", "bos_token", "eos_token")
 HARMONY_MARKERS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>", "<|constrain|>", "<|endoftext|>")
 
 
@@ -99,6 +101,27 @@ def split_harmony(text: str) -> tuple[str, str]:
     return reasoning, content
 
 
+PIECE = 1 << 16  # characters encoded at once while counting a long text's tokens
+
+
+def check_length(tok, text: str, limit: int | None) -> None:
+    """Raise ValueError when ``text`` has more than ``limit`` tokens, without encoding it whole: an encoding
+    costs about 200 bytes a token, so an 8 MB prompt encoded at once took 0.9 GB before any cap could look
+    at it.  A text of at most limit / 2 UTF-8 bytes passes at once (the byte-level BPE tokenizers of these
+    families make at most one token of a byte: twice that leaves room); a longer one is counted in pieces of PIECE characters cut before a space (where a
+    byte-level BPE pre-tokenizer cuts anyway), or anywhere in a run without one."""
+    if limit is None or len(text) * 8 <= limit or len(text.encode("utf-8", "surrogatepass")) * 2 <= limit:
+        return
+    count, i = 0, 0
+    while i < len(text):
+        j = text.find(" ", i + PIECE, i + 2 * PIECE)
+        j = min(len(text), i + PIECE) if j < 0 else j
+        count += len(tok.encode(text[i:j], add_special_tokens=False).ids)
+        if count > limit:
+            raise ValueError(f"the prompt has more than {limit} tokens, this server's limit per request")
+        i = j
+
+
 class ModelText:
     """A checkpoint's tokenizer, chat template and end-of-sequence ids."""
 
@@ -147,11 +170,24 @@ class ModelText:
             raise ValueError(f"{self.root} has no tokenizer.json: {what} needs one (send token ids instead)")
         return self.tok
 
-    def encode(self, text: str) -> list[int]:
-        ids = self._need_tokenizer("a text prompt").encode(text, add_special_tokens=True).ids
-        if self.bos is not None and (not ids or ids[0] != self.bos):
+    def encode(self, text: str, add_special_tokens: bool = True, limit: int | None = None) -> list[int]:
+        """A text prompt's ids; ``add_special_tokens`` False: without the BOS (and whatever else the tokenizer's
+        post-processor adds), as lm-eval's remote tokenizer asks for pieces of a prompt.  ``limit``: refuse
+        (ValueError) a text of more tokens, counted in bounded pieces first (:func:`check_length`)."""
+        tok = self._need_tokenizer("a text prompt")
+        check_length(tok, text, limit)
+        ids = tok.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens and self.bos is not None and (not ids or ids[0] != self.bos):
             ids = [self.bos, *ids]
         return ids
+
+    def tokenizer_info(self, max_model_len: int) -> dict:
+        """vLLM's ``/tokenizer_info``: the special tokens and the chat template (lm-eval's remote tokenizer reads them)."""
+        self._need_tokenizer("/tokenizer_info")
+        info = {k: v for k, v in self.tok_config.items() if isinstance(v, (str, int, float, bool)) and k != "chat_template"}
+        info.update({f"{name}_token": self._special(f"{name}_token") for name in ("bos", "eos", "pad", "unk")})
+        return {**info, "tokenizer_class": self.tok_config.get("tokenizer_class", "PreTrainedTokenizerFast"),
+                "chat_template": self.chat_template, "model_max_length": max_model_len, "vocab_size": self.tok.get_vocab_size()}
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
         if self.chat_template is None:
@@ -172,8 +208,10 @@ class ModelText:
         except TemplateError as e:
             raise ValueError(f"the chat template of {self.root} refused the messages: {e}") from None
 
-    def encode_chat(self, messages: list[dict], **extra) -> list[int]:
-        return self._need_tokenizer("a chat").encode(self.render_chat(messages, **extra), add_special_tokens=False).ids
+    def encode_chat(self, messages: list[dict], limit: int | None = None, **extra) -> list[int]:
+        tok, text = self._need_tokenizer("a chat"), self.render_chat(messages, **extra)
+        check_length(tok, text, limit)
+        return tok.encode(text, add_special_tokens=False).ids
 
     def detokenizer(self, stop: tuple[str, ...] = (), include_stop_str: bool = False, skip_special_tokens: bool = True) -> Detokenizer | None:
         if self.tok is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from .. import destination
 from ..checkpoint import Checkpoint, CheckpointWriter, parse_size
 from .layout import Parallel, ShardError
 from .plan import Plan, build
@@ -28,7 +29,7 @@ def shard(
     dry_run: bool = False,
     hardlinks: bool = True,
     max_shard_size: str | int = DEFAULT_MAX_SHARD,
-    progress: bool = False,
+    progress: str = "off",
     workers: int = 1,
 ) -> dict:
     """Split SRC into DST/rank-XXXXX-of-NNNNN/ directories plus DST/quantkit.json; return the report."""
@@ -41,15 +42,22 @@ def shard(
     options = {"ep": ep, "tp": tp, "dp": dp, "placement": placement, "expert_load": str(expert_load) if expert_load else None,
                "max_shard_size": max_shard_size, "hardlinks": hardlinks}
     t0 = time.perf_counter()
-    w = CheckpointWriter(dst_p, force=force)
+    try:
+        w = CheckpointWriter(dst_p, force=force, command="shard")
+    except OSError as e:
+        if destination.disk_full(e):
+            raise ShardError(destination.disk_full_message(dst_p.parent, report["bytes_written"], None)) from None
+        raise
     try:
         man = write_plan(plan, w, max_shard_size=shard_bytes, links=hardlinks, progress=progress, workers=workers)
         write_manifest(w, {**man, "options": options})
         seconds = time.perf_counter() - t0
         checked = verify(w.tmp, ckpt) if verify_output else None
         w.commit()
-    except BaseException:
-        w.abort()
+    except BaseException as e:
+        w.abort()  # shard has no --resume: a failed run leaves nothing
+        if destination.disk_full(e):
+            raise ShardError(destination.disk_full_message(w.tmp.parent, report["bytes_written"], None)) from None
         raise
     if checked is not None:
         checked["seconds"] = round(time.perf_counter() - t0 - seconds, 3)
@@ -58,11 +66,12 @@ def shard(
 
 
 def _check_args(src: str | Path, dst: str | Path, force: bool, workers: int, max_shard_size: str | int) -> tuple[Path, Path, int]:
-    src_p, dst_p = Path(src).resolve(), Path(dst).resolve()
-    if dst_p == src_p or src_p in dst_p.parents or dst_p in src_p.parents:
+    src_p, dst_p = Path(src).resolve(), destination.named(dst)  # DST as named: a symlink DST is replaced, never written through
+    real = dst_p.parent.resolve() / dst_p.name
+    if real == src_p or src_p in real.parents or real in src_p.parents or dst_p.resolve() == src_p:
         raise ShardError(f"{dst}: DST must not be SRC, inside it, or contain it")
-    if dst_p.exists() and not force:
-        raise ShardError(f"{dst} already exists: pass --force to replace it")
+    if destination.occupied(dst_p) and not force:
+        raise ShardError(f"{dst} already exists: pass --force to replace it (it is {destination.kind(dst_p)})")
     if workers < 1:
         raise ShardError(f"--workers must be at least 1, got {workers}")
     try:
@@ -84,4 +93,5 @@ def summary(plan: Plan, dst: Path) -> dict:
         "max_rank_bytes": max(per_rank),
         "groups": {g.key: {"ranks": len(g.ranks), "tensors": len(g.pieces), "bytes": g.nbytes} for g in plan.groups},
         "load": None if plan.load is None else {k: v for k, v in plan.load.items() if k.startswith("max_over_mean")},
+        "side_files_skipped": plan.src.skipped_side_files(),
     }

@@ -25,6 +25,7 @@ def render(rep: dict) -> str:
             f"  expert load max/mean per rank: worst layer {ld['max_over_mean_worst_layer']:.3f}, "
             f"layer average {ld['max_over_mean_avg_layer']:.3f}, all layers summed {ld['max_over_mean_all_layers']:.3f}"
         )
+    lines += [f"  side file skipped (outside the checkpoint): {s}" for s in rep.get("side_files_skipped", [])]
     if not rep["dry_run"]:
         lines.append(f"  {rep['seconds']:.2f} s, {rep['gb_per_s']} GB/s written")
         v = rep.get("verify")

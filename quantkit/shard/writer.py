@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import torch
 
 from .. import __version__
 from ..checkpoint import DTYPES, INDEX, MANIFEST, Checkpoint, CheckpointWriter, ShardPlan, TensorSpec, plan_shards, sha256_file, write_shard
+from ..progress import Progress
 from .layout import ShardError
 from .plan import Group, Piece, Plan
 
@@ -94,10 +94,8 @@ def _place(src: Path, dst: Path, links: bool) -> None:
 
 
 class _Progress:
-    def __init__(self, total: int, enabled: bool) -> None:
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="shard", file=sys.stderr, disable=not enabled)
+    def __init__(self, total: int, style: str) -> None:
+        self.bar = Progress("shard", total, "B", style)
 
     def stream(self, pieces: list[Piece], reader: SliceReader) -> Iterator[torch.Tensor]:
         for p in pieces:
@@ -108,8 +106,9 @@ class _Progress:
             self.bar.update(n)
 
 
-def write_plan(plan: Plan, w: CheckpointWriter, *, max_shard_size: int, links: bool, progress: bool, workers: int = 1) -> dict:
-    """Write every rank directory into ``w.tmp``; return the manifest (DST/quantkit.json)."""
+def write_plan(plan: Plan, w: CheckpointWriter, *, max_shard_size: int, links: bool, progress: str, workers: int = 1) -> dict:
+    """Write every rank directory into ``w.tmp``; return the manifest (DST/quantkit.json); ``progress``: a
+    :mod:`quantkit.progress` style."""
     par = plan.parallel
     for r in range(par.world):
         (w.tmp / par.rank_dir(r)).mkdir()

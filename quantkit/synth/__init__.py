@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoint import CheckpointWriter, ShardPlan, parse_size, plan_shards
+from ..progress import Progress
 from . import deepseek, gpt_oss, presets, qwen3, tokenizer
 from .pieces import Piece, Synth
 
@@ -31,7 +32,7 @@ BUILDERS: dict[str, Callable[[dict, int, str, str], Synth]] = {
 }
 LAYOUTS = ("root", "original")
 SCALE_FMTS = ("float", "ue8m0")
-PROGRESS_BYTES = 1 << 28  # a progress bar only for checkpoints that take a while
+PROGRESS_BYTES = 1 << 28  # progress only for checkpoints that take a while
 
 
 def plan(family: str, preset: str = "tiny", layers: int | None = None, seed: int = 0,
@@ -77,8 +78,9 @@ def _side_files(synth: Synth, folder: Path) -> None:
 
 def synthesize(family: str, dst: str | Path, preset: str = "tiny", layers: int | None = None, seed: int = 0,
                max_shard_size: str | int = "5GB", layout: str = "root", force: bool = False,
-               scale_fmt: str = "float", progress: bool = False) -> dict:
-    """Write a synthetic checkpoint to ``dst``; return the report (path, sizes, seconds)."""
+               scale_fmt: str = "float", progress: str = "off") -> dict:
+    """Write a synthetic checkpoint to ``dst``; return the report (path, sizes, seconds); ``progress``: a
+    :mod:`quantkit.progress` style, for checkpoints over PROGRESS_BYTES."""
     t0 = time.perf_counter()
     synth = plan(family, preset, layers, seed, layout, scale_fmt)
     plans = _shards(synth, parse_size(max_shard_size))
@@ -89,10 +91,8 @@ def synthesize(family: str, dst: str | Path, preset: str = "tiny", layers: int |
     bar = None
     try:
         _side_files(synth, w.tmp)
-        if progress and total > PROGRESS_BYTES:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total, unit="B", unit_scale=True, desc="synth", leave=False)
+        if total > PROGRESS_BYTES:
+            bar = Progress("synth", total, "B", progress)
         tensors = _stream(synth.pieces, bar)
         for p in plans:
             w.write(p, tensors)

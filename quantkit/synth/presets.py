@@ -32,6 +32,10 @@ DEEPSEEK_V3: dict[str, dict] = {
     "tiny-ragged": dict(layers=2, hidden=320, intermediate=448, moe_intermediate=192, heads=2, q_lora=192, kv_lora=160,
                         qk_nope=64, qk_rope=32, v_head=64, experts=8, shared=1, top_k=2, n_group=4, topk_group=2,
                         first_dense=1, vocab=2048, tok_base=1920, tok_reserved=8),
+    # 16 experts over 4 groups: enough for expert parallelism at EP 16 (one expert a rank) in tests
+    "tiny-e16": dict(layers=2, hidden=256, intermediate=512, moe_intermediate=128, heads=4, q_lora=128, kv_lora=128,
+                     qk_nope=64, qk_rope=128, v_head=128, experts=16, shared=1, top_k=4, n_group=4, topk_group=2,
+                     first_dense=1, vocab=2048, tok_base=1920, tok_reserved=8),
     "deepseek-v3": dict(layers=61, hidden=7168, intermediate=18432, moe_intermediate=2048, heads=128, q_lora=1536,
                         kv_lora=512, qk_nope=128, qk_rope=64, v_head=128, experts=256, shared=1, top_k=8, n_group=8,
                         topk_group=4, first_dense=3, vocab=129280, tok_base=128000, tok_reserved=798),

@@ -44,7 +44,7 @@ def test_unknown_architecture(synth, tmp_path) -> None:
     ("gpt-oss", lambda t: t.pop("model.layers.1.mlp.experts.down_proj_scales"), "'model.layers.1.mlp.experts.down_proj_scales' (MXFP4 scales) is missing"),
     ("qwen3", lambda t: t.update({"model.layers.0.mlp.extra.weight": torch.zeros(4, 4)}), "tensor 'model.layers.0.mlp.extra.weight' is not one the config implies for qwen3"),
     ("deepseek-v3", lambda t: t.update({"model.layers.0.mlp.gate_proj.weight": t["model.layers.0.mlp.gate_proj.weight"].bfloat16()}),
-     "'model.layers.0.mlp.gate_proj.weight' (FP8 weight (quant_method fp8)) is BF16; expected F8_E4M3"),
+     "'model.layers.0.mlp.gate_proj.weight' (fp8-block weight (quantization_config fp8)) is BF16; expected F8_E4M3"),
     ("qwen3", lambda t: t.update({"model.norm.weight": t["model.norm.weight"].to(torch.int32)}), "'model.norm.weight' (float tensor) is I32"),
     ("gpt-oss", lambda t: t.update({"model.layers.0.mlp.experts.gate_up_proj_bias": torch.zeros(8, 3, dtype=torch.bfloat16)}),
      "tensor 'model.layers.0.mlp.experts.gate_up_proj_bias' has shape [8, 3]; the config implies [8, 512]"),

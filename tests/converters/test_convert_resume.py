@@ -16,6 +16,7 @@ import torch
 from quantkit.checkpoint import CheckpointError, CheckpointWriter
 from quantkit.converters import ConvertOptions, make_plan
 from quantkit.converters.engine import execute
+from quantkit.converters.provenance import SourceHashes
 
 from .support import run, shard_bytes, tensors
 
@@ -108,8 +109,9 @@ def test_resume_rewrites_a_corrupted_shard(synth, tmp_path) -> None:
     opts = dict(max_shard_size=1_000_000, **STOCHASTIC)
     run(src, tmp_path / "ref", **opts)
     plan = make_plan(str(src), ConvertOptions(**opts))
-    writer = CheckpointWriter(tmp_path / "o", job=plan.job())
+    writer = CheckpointWriter(tmp_path / "o", job=plan.job(), sources=SourceHashes(plan))
     execute(plan, writer, lambda n: None)  # every shard written, then "killed" before the commit
+    writer.close()  # its lock goes with the killed process
     assert not (tmp_path / "o").exists()
     first = writer.tmp / plan.shards[0].file
     raw = bytearray(first.read_bytes())

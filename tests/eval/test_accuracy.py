@@ -50,7 +50,7 @@ def ckpts(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_engine_on_source_matches_transformers_and_layers_align(ckpts):
-    rep = evaluate([str(ckpts["src"])], str(ckpts["src"]), tokens=256, ctx=64, progress=False)
+    rep = evaluate([str(ckpts["src"])], str(ckpts["src"]), tokens=256, ctx=64, progress="off")
     s = rep.candidates[0].summary
     assert s.kld_mean < 1e-9 and s.top1_pct == 100.0 and abs(s.ppl_ratio - 1) < 1e-6
     n_layers = json.loads((ckpts["src"] / "config.json").read_text())["num_hidden_layers"]

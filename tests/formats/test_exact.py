@@ -97,3 +97,28 @@ LOSSLESS = [
 @pytest.mark.parametrize(("pair", "kw", "want"), LOSSLESS)
 def test_lossless_path_table(pair: tuple[str, str], kw: dict, want: str | None) -> None:
     assert exact.lossless_path(*pair, **kw) == want
+
+
+def test_mxfp8_to_fp8_block_exact_tiles_golden() -> None:
+    # two 128x128 tiles of 1.125 (E4M3 0x39); tile 0: every 1x32 scale 2**0; tile 1: one column of
+    # blocks at 2**-7, where 1.125 * 2**-7 = 9 * 2**-10 is finer than E4M3's subnormal step 2**-9
+    q = torch.full((128, 256), 1.125).to(torch.float8_e4m3fn)
+    e = torch.full((128, 8), 127, dtype=torch.uint8)
+    e[:, 5] = 120
+    out, s, ok = exact.mxfp8_to_fp8_block(q, e)
+    assert ok.tolist() == [[True, False]] and s.tolist() == [[1.0, 1.0]]
+    assert torch.equal(out[:, :128].view(torch.uint8), torch.full((128, 128), 0x39, dtype=torch.uint8))
+    # with the block at 2**-3 instead, 1.125 * 2**-3 is an E4M3 normal: exact
+    e[:, 5] = 124
+    out, s, ok = exact.mxfp8_to_fp8_block(q, e)
+    assert ok.all() and torch.equal(fp8_block.dequantize_weight(out, s), mxfp8.dequantize(q, e))
+
+
+def test_mxfp8_to_fp8_block_partial_tiles() -> None:
+    # 200 x 96: partial tiles both ways; random codes under one scale per tile row are exact
+    g = torch.Generator().manual_seed(3)
+    q = (torch.randn(200, 96, generator=g) * 20).clamp(-448, 448).to(torch.float8_e4m3fn)
+    e = torch.full((200, 3), 130, dtype=torch.uint8)
+    out, s, ok = exact.mxfp8_to_fp8_block(q, e)
+    assert ok.shape == (2, 1) and ok.all() and s.tolist() == [[8.0], [8.0]]
+    assert torch.equal(fp8_block.dequantize_weight(out, s), mxfp8.dequantize(q, e))

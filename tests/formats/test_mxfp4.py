@@ -192,3 +192,37 @@ def test_rejected_inputs() -> None:
         mxfp4.decode(torch.zeros(2, 3, 16, dtype=torch.uint8), torch.zeros(2, 4, dtype=torch.uint8))
     with pytest.raises(ValueError, match="do not match"):
         mxfp4.decode(torch.zeros(2, 3, 8, dtype=torch.uint8), torch.zeros(2, 3, dtype=torch.uint8))
+
+
+def _mean_bias(rounding_of_seed) -> tuple[float, float]:
+    """Rounds the same block values with 400 roundings and returns (mean signed error, worst
+    per-element |mean error|), both in units of the local E2M1 step at each element."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.rand(64, 32, generator=g) * 6
+    x[:, 0] = 6.0  # each block's amax is 6: scale 2**0 under either rule, so only element rounding acts
+    x[:, 1:] *= torch.where(torch.rand(64, 31, generator=g) < 0.5, -1.0, 1.0)
+    mean = torch.stack([mxfp4.decode(*mxfp4.encode(x, rounding=rounding_of_seed(s))) for s in range(400)]).mean(0)
+    step = torch.where(x.abs() < 2, 0.5, torch.where(x.abs() < 4, 1.0, 2.0))
+    err = (mean - x) / step
+    return float(err.abs().mean()), float(err.abs().max())
+
+
+def test_stochastic_rounding_is_unbiased_and_nearest_is_not() -> None:
+    from quantkit.formats.rounding import Rounding
+
+    # 400 draws: the mean of a Bernoulli(f) step has std <= 0.025 steps; 2048 elements, worst of them ~4.5 std
+    avg, worst = _mean_bias(lambda s: Rounding("stochastic", s, "w"))
+    assert avg < 0.03 and worst < 0.13, (avg, worst)
+    avg, worst = _mean_bias(lambda s: Rounding())  # nearest: every draw alike, the bias stays
+    assert avg > 0.15 and worst > 0.4, (avg, worst)
+
+
+def test_stochastic_rounding_lands_on_a_neighbour() -> None:
+    from quantkit.formats.rounding import Rounding
+
+    x = torch.tensor([[6.0, 0.2, 0.74, 1.3, 2.5, -3.3, 4.9, 5.99, -0.0, 0.5] + [0.0] * 22])
+    lo = torch.tensor([[6.0, 0.0, 0.5, 1.0, 2.0, -3.0, 4.0, 4.0, -0.0, 0.5] + [0.0] * 22])
+    hi = torch.tensor([[6.0, 0.5, 1.0, 1.5, 3.0, -4.0, 6.0, 6.0, -0.0, 0.5] + [0.0] * 22])
+    for s in range(50):
+        y = mxfp4.decode(*mxfp4.encode(x, rounding=Rounding("stochastic", s, "t")))
+        assert bool(((y == lo) | (y == hi)).all()), y

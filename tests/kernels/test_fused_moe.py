@@ -486,3 +486,25 @@ def test_gpu_cuda_graph_capture_replays_without_host_sync(gpt_oss_experts):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS))
+
+
+@pytest.mark.parametrize("fmt", ["fp8-block", "mxfp8"])
+def test_prequantized_input_equals_quantizing_inside(fmt, triton_device):
+    """``x_q`` (the input already quantized by the op's rule, as an expert-parallel dispatch delivers it):
+    bit for bit the op's own quantization, on the reference and on Triton; a wrong scale changes the output."""
+    gen = torch.Generator().manual_seed(3)
+    t, e, k, h, inter = 5, 4, 2, 128, 128
+    w13, w2 = experts(fmt, e, 2 * inter, h, gen, True), experts(fmt, e, h, inter, gen, True)
+    x = torch.randn(t, h, generator=gen).to(torch.bfloat16)
+    w, ids = routed(t, k, e, gen)
+    spec = GPT_OSS
+    x_q = fp8_block.quantize_act(x) if fmt == "fp8-block" else mxfp8.quantize(x)
+    want = fused_moe_ref(x, w, ids, w13, w2, spec)
+    assert torch.equal(fused_moe_ref(x, w, ids, w13, w2, spec, x_q=x_q), want)
+    assert not torch.equal(fused_moe_ref(x, w, ids, w13, w2, spec, x_q=(x_q[0], x_q[1] * 2 if fmt == "fp8-block" else x_q[1] + 1)), want)
+    dev = triton_device
+    mv = lambda ew: ExpertWeights(ew.fmt, ew.q.to(dev), ew.scale.to(dev), ew.bias.to(dev))  # noqa: E731
+    args = (x.to(dev), w.to(dev), ids.to(dev), mv(w13), mv(w2), spec)
+    inside = dispatch.call("fused_moe", *args, backend="triton")
+    given = dispatch.call("fused_moe", *args, backend="triton", x_q=(x_q[0].to(dev), x_q[1].to(dev)))
+    assert torch.equal(given, inside)

@@ -64,3 +64,12 @@ def test_one_rank_of_a_sharded_checkpoint_is_refused(ckpt, tmp_path):
     rank = tmp_path / "ep2" / "rank-00001-of-00002"
     r = CliRunner().invoke(main, ["serve", str(rank), "--device", "cpu", "--port", "0"])
     assert r.exit_code == 1 and "rank 1 of a 2-rank checkpoint written by `quantkit shard`" in r.output
+
+
+def test_without_the_serve_extra_the_command_says_what_to_install(ckpt, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a))
+    r = CliRunner().invoke(main, ["serve", str(ckpt("qwen3")), "--device", "cpu", "--port", "0"])
+    assert r.exit_code == 1 and "`quantkit serve` needs uvicorn: pip install 'quantkit[serve]'" in r.output

@@ -312,13 +312,23 @@ def test_requests_sharing_a_system_prompt_reuse_its_blocks(server):
     assert f'quantkit:prefix_cache_hits_total{{model_name="{s.model_name}"}} {s.engine.stats.prefix_hits}' in text
 
 
-def test_closing_the_server_ends_open_streams(ckpt):
+def test_closing_the_server_ends_open_streams(ckpt, monkeypatch):
     """A stream still running when the server closes gets an error event and its connection ends; close()
-    returns at once (no handler left waiting for deltas that will not come)."""
+    returns at once (no handler left waiting for deltas that will not come).  After its first token the
+    engine is held (its steps run nothing), so the stream cannot end before the close, however slow the machine."""
     import socket
     import time
 
     s = build(str(ckpt("qwen3")), port=0, dtype="float32", act_quant=False, max_model_len=256, kv_cache_gib=0.01)
+    real = s.engine.step
+
+    def step():
+        if s.engine.stats.generation_tokens:
+            time.sleep(0.01)
+            return []
+        return real()
+
+    monkeypatch.setattr(s.engine, "step", step)
     s.start_background()
     body = json.dumps({"prompt": "x", "max_tokens": 250, "ignore_eos": True, "stream": True}).encode()
     with socket.create_connection(s.server_address[:2], timeout=30) as sock:
@@ -332,7 +342,8 @@ def test_closing_the_server_ends_open_streams(ckpt):
         assert time.perf_counter() - t < 4
         while chunk := sock.recv(65536):
             got += chunk
-    assert b"the server is shutting down" in got  # 250 tokens take far longer than the first one
+    assert b"the server is shutting down" in got and b"[DONE]" not in got
+    assert s.engine.stats.finished == {"abort": 1} and not s.engine.running
 
 
 def test_a_client_that_leaves_before_its_response_is_aborted(ckpt):
@@ -384,3 +395,17 @@ def test_api_key(server):
         assert call(s, "/health")[0] == 200 and call(s, "/metrics")[0] == 200  # open, as vLLM keeps them
     finally:
         s.api_key = None
+
+
+def test_tokenizer_info_and_tokenize_as_lm_evals_remote_tokenizer_reads_them(server):
+    """lm-eval 0.4.13's RemoteTokenizer reads eos/bos/pad tokens and the chat template from /tokenizer_info,
+    encodes with {"prompt", "add_special_tokens": false} and takes the first id of the EOS text as its id."""
+    s = server("qwen3")
+    status, info = call(s, "/tokenizer_info")
+    assert status == 200 and info["chat_template"] == s.text.chat_template and info["model_max_length"] == 256
+    eos = info["eos_token"]
+    assert isinstance(eos, str) and s.text.tok.token_to_id(eos) in s.text.eos_ids
+    status, r = call(s, "/tokenize", {"prompt": eos, "add_special_tokens": False})
+    assert status == 200 and r["tokens"] == [s.text.tok.token_to_id(eos)]
+    plain = s.text.tok.encode("Hello world", add_special_tokens=False).ids
+    assert call(s, "/tokenize", {"prompt": "Hello world", "add_special_tokens": False})[1]["tokens"] == plain

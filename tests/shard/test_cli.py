@@ -32,7 +32,7 @@ def test_listed_in_help():
 def test_json_report(src, tmp_path):
     r = run(src, tmp_path / "o", "--ep", 4, "--tp", 2, "--verify", "--json")
     assert r.exit_code == 0, r.output
-    rep = json.loads(r.output)
+    rep = json.loads(r.stdout)
     assert (rep["world_size"], rep["ep"], rep["tp"], rep["dp"]) == (4, 4, 2, 2)
     assert rep["verify"]["ok"] and rep["gb_per_s"] > 0
     assert (tmp_path / "o" / "rank-00003-of-00004" / "config.json").exists()

@@ -22,7 +22,7 @@ def _leftovers(parent: Path) -> list[str]:
 def test_json_report_and_text_report(tmp_path: Path) -> None:
     r = _run("qwen3", str(tmp_path / "q"), "--seed", "3", "--json")
     assert r.exit_code == 0, r.output
-    rep = json.loads(r.output)
+    rep = json.loads(r.stdout)
     assert rep["family"] == "qwen3" and rep["preset"] == "tiny" and rep["seed"] == 3 and rep["layers"] == 2
     assert rep["tensors"] == 25 and rep["bytes"] > 1e6 and rep["seconds"] > 0
     manifest = json.loads((tmp_path / "q" / "quantkit.json").read_text())

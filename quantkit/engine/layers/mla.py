@@ -16,9 +16,15 @@ RMS-normed (eps 1e-6 in both references) and cached with the rotated k_rot.  Sof
   ``mla_decode`` op attends over the cached latents themselves (:mod:`quantkit.kernels.mla`),
   out = o_lat W_UV^T [H, v_head], then o_proj.  W_UK / W_UV are kv_b_proj's dequantized weight
   in the compute dtype (DeepSeek's ``weight_dequant``), made on the first decode step and kept
-  (2 * H * 128 * 512 values per layer at full size).  A quantized kv_b_proj with dynamic
-  activation quantization quantizes the latents on the prefill path only: the absorbed path,
-  as DeepSeek's and vLLM's, multiplies by the dequantized weight.
+  (2 * H * 128 * 512 values per layer at full size).
+
+Both ways multiply the latents by the same dequantized W_UK / W_UV and never quantize the latents,
+also where the other projections quantize their activations: DeepSeek's ``absorb`` reference
+(inference/model.py) does so at prefill and decode alike.  Expanding through kv_b_proj's FP8 GEMM
+instead quantizes the latents on the prefill path only, so a sequence's decode steps would read keys
+other than the ones its prefill attended to (measured on tiny models: up to 0.8 nats of log-prob on
+the CPU, 7 on the H200, where steps mixing prefill chunks with decodes agreed and pure decode steps
+did not).
 """
 
 from __future__ import annotations
@@ -79,9 +85,12 @@ class MLA(nn.Module):
         return {"kv": (self.rank,), "k_rot": (self.rope_dim,)}
 
     def _expand(self, ctx: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        m = ctx["kv"].shape[0]
-        kv = self.kv_b_proj(ctx["kv"]).view(m, self.num_heads, self.nope + self.v_dim)
-        k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
+        """Keys and values of latents [m, rank] through the absorbed path's W_UK / W_UV (two GEMMs in the compute dtype)."""
+        lat = ctx["kv"]
+        m = lat.shape[0]
+        w_uk, w_uv = self.absorbed_weights(lat.dtype, lat.device)
+        k_nope = (lat @ w_uk.view(-1, self.rank).T).view(m, self.num_heads, self.nope)
+        v = (lat @ w_uv.view(-1, self.rank).T).view(m, self.num_heads, self.v_dim)
         k_rot = ctx["k_rot"][:, None, :].expand(m, self.num_heads, self.rope_dim)
         return torch.cat((k_nope, k_rot), dim=-1), v
 

@@ -157,12 +157,28 @@ class Experts(nn.Module):
             g, u = linear(x, self.gate, expert=e), linear(x, self.up, expert=e)
         return linear(self._act(g, u), self.down, self.down_bias, expert=e)
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        """x [T, H], routing weights float32 [T, k] and expert ids [T, k] -> [T, H] in x.dtype."""
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor,
+                x_q: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
+        """x [T, H], routing weights float32 [T, k] and expert ids [T, k] -> [T, H] in x.dtype.  ``x_q``: x as
+        :meth:`quantize_input` quantized it (an expert-parallel dispatch's payload); x then gives shape and dtype."""
         if self.fused is None:
+            if x_q is not None:
+                raise ValueError(f"{self.path}: these experts take unquantized activations")
             return self.loop(x, weights, idx)
         w13, w2, spec = self.fused
-        return self.ops.call("fused_moe", x, weights, idx, w13, w2, spec)
+        if x_q is None:
+            return self.ops.call("fused_moe", x, weights, idx, w13, w2, spec)
+        return self.ops.call("fused_moe", x, weights, idx, w13, w2, spec, x_q=x_q)
+
+    def quantize_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """x [T, H] quantized as the fused_moe op quantizes its input (E4M3 + F32 1x128 or E8M0 1x32 scales),
+        or None where these experts take unquantized activations (the per-expert loop)."""
+        if self.fused is None:
+            return None
+        w13, _, spec = self.fused
+        if w13.fmt == "fp8-block":
+            return self.ops.call("act_quant_fp8_block", x, spec.scale_fmt, spec.rule)
+        return self.ops.call("mxfp8_quantize", x, spec.rule)
 
     def loop(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """The per-expert loop (host-synchronising): each expert on its tokens, combined in float32."""

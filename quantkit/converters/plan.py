@@ -29,7 +29,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..checkpoint import DTYPES, CheckpointError, ShardPlan, TensorSpec, plan_shards
+from ..checkpoint import DTYPES, CheckpointError
+from ..writer import ShardPlan, TensorSpec, plan_shards
 from .items import LINEAR, MODULE, MX, TILE, Item, cdiv
 from .qsource import source_scale_fmt
 from .options import ConvertOptions, OptionError, uses_rule

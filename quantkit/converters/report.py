@@ -76,8 +76,10 @@ def run_report(plan: Plan, dst: str, fidelity: dict[str, dict], results: list["S
                      "shards": [{"file": r.file, "rss_anon_base": r.rss_base, "rss_anon_peak": r.rss_peak} for r in results]}
     rep["paths"] = _paths(plan, fidelity)
     rep["dequantized_modules"] = [t.item.name for t in plan.tasks if t.path == "dequantize" and t.item.role == MODULE]
-    if o.rounding == "stochastic" and any(r["exact_path"] for r in fidelity.values()):
-        rep["note"] = "exact paths round nothing: --rounding does not apply to them"
+    # plain copies (norms, embeddings kept as they are) never round: the note is for quantized tensors taken exactly
+    exact = sorted({r["path"] for r in fidelity.values() if r["exact_path"] and r["path"] != "copy"})
+    if o.rounding == "stochastic" and exact:
+        rep["note"] = f"exact paths ({', '.join(exact)}) round nothing: --rounding does not apply to them"
     rep["tensors"] = fidelity
     return rep
 

@@ -151,4 +151,4 @@ def test_manifest_records_options_fingerprint_files_and_fidelity(synth, tmp_path
     assert q["path"] == "quantize" and not q["exact_path"] and 0 < q["rel_err"] < 0.1 and q["exact_share"] < 1
     assert set(t) == {task for task in header(src) if not task.endswith(("_blocks", "_scales"))} | {
         f"model.layers.{i}.mlp.experts.{n}" for i in range(2) for n in ("gate_up_proj", "down_proj")}
-    assert rep["note"].startswith("exact paths round nothing")
+    assert rep["note"].startswith("exact paths (mxfp4->mxfp8) round nothing")

@@ -53,16 +53,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(dst, world: int) -> list[subprocess.Popen]:
+def launch(dst, world: int, extra: tuple[str, ...] = ()) -> list[subprocess.Popen]:
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world)}
     cmd = [sys.executable, "-m", "quantkit", "serve", str(dst), "--device", "cpu", "--dtype", "float32", "--no-act-quant",
-           "--port", "0", "--kv-cache-gib", "0.01", "--max-model-len", "128", "--max-num-batched-tokens", "8"]
+           "--port", "0", "--kv-cache-gib", "0.01", "--max-model-len", "128", "--max-num-batched-tokens", "8", *extra]
     return [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stderr=subprocess.PIPE, text=True)
             for r in range(world)]
 
 
 CASES = [("qwen3-moe", 2, 1), ("gpt-oss", 2, 1), ("deepseek-v3", 2, 1),  # expert parallel
-         ("qwen3-moe", 2, 2), ("gpt-oss", 4, 2), ("deepseek-v3", 2, 2)]  # + tensor parallel (gpt-oss: 2 DP replicas of TP 2)
+         ("qwen3-moe", 2, 2), ("gpt-oss", 4, 2), ("deepseek-v3", 2, 2)]  # + tensor parallel (gpt-oss: 2 DP groups of TP 2)
 
 
 def post(url: str, body: dict) -> dict:
@@ -85,7 +85,7 @@ def check_choices(got: dict, whole, text, bias: dict[int, float]) -> list[list[i
 
 
 CASES = [("qwen3-moe", 2, 1), ("gpt-oss", 2, 1), ("deepseek-v3", 2, 1),  # expert parallel
-         ("qwen3-moe", 2, 2), ("gpt-oss", 4, 2), ("deepseek-v3", 2, 2),  # + tensor parallel (gpt-oss: 2 DP replicas of TP 2)
+         ("qwen3-moe", 2, 2), ("gpt-oss", 4, 2), ("deepseek-v3", 2, 2),  # + tensor parallel (gpt-oss: 2 DP groups of TP 2)
          ("qwen3", 2, 2)]  # tensor parallel alone (a dense model)
 
 
@@ -115,8 +115,13 @@ def test_sharded_serving_equals_the_whole_model(ckpt, model, tmp_path, family, e
                                whole, text, BIAS)
         assert biased != plain  # the bias changed some token: the check above saw it applied
         assert post(url + "/detokenize", {"tokens": [1900, 2047]})["prompt"] == text.decode([1900, 2047], skip_special_tokens=False)
-        procs[0].send_signal(signal.SIGTERM)
+        if tp == 1:  # SIGTERM to rank 0 (a service manager) ...
+            procs[0].send_signal(signal.SIGTERM)
+        else:  # ... or Ctrl-C, which reaches every rank
+            for p in procs:
+                p.send_signal(signal.SIGINT)
         assert [p.wait(timeout=60) for p in procs] == [0] * ep
+        assert not any("Traceback" in p.stderr.read() for p in procs)
     finally:
         for p in procs:
             p.kill()

@@ -9,7 +9,7 @@ import textwrap
 
 import torch
 
-from quantkit.checkpoint import CheckpointWriter, TensorSpec, plan_shards
+from quantkit.writer import CheckpointWriter, TensorSpec, plan_shards
 
 MB = 1 << 20
 ROWS, COLS = 4096, 1024  # one MLP weight: 4096 x 1024 BF16 = 8 MiB

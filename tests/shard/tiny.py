@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from quantkit.checkpoint import CheckpointWriter, TensorSpec, plan_shards
+from quantkit.writer import CheckpointWriter, TensorSpec, plan_shards
 
 H, HEADS, KV, HD, E, VOCAB = 256, 4, 2, 64, 8, 512
 BF16, F32, U8, F8 = torch.bfloat16, torch.float32, torch.uint8, torch.float8_e4m3fn

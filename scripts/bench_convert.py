@@ -39,7 +39,7 @@ def write_fast(layers: int, dst: Path) -> int:
     """The synth layout filled from random pools, streamed through CheckpointWriter; returns bytes."""
     import torch
 
-    from quantkit.checkpoint import CheckpointWriter, plan_shards
+    from quantkit.writer import CheckpointWriter, plan_shards
     from quantkit.synth import plan
 
     synth = plan("gpt-oss", "gpt-oss-20b", layers)

@@ -72,7 +72,7 @@ def write_fast(family: str, preset: str, layers: int, dst: Path) -> dict:
     """The synth layout filled with tiled random bytes (streamed through CheckpointWriter)."""
     import torch
 
-    from quantkit.checkpoint import CheckpointWriter, plan_shards
+    from quantkit.writer import CheckpointWriter, plan_shards
     from quantkit.synth import plan
 
     synth = plan(family, preset, layers)

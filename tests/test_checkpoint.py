@@ -10,9 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from quantkit.checkpoint import (
-    INDEX, Checkpoint, CheckpointError, CheckpointWriter, TensorSpec, parse_size, plan_shards, read_header,
-)
+from quantkit.checkpoint import INDEX, Checkpoint, CheckpointError, parse_size, read_header
+from quantkit.writer import CheckpointWriter, TensorSpec, plan_shards
 
 
 def _tensors() -> dict[str, torch.Tensor]:

@@ -43,15 +43,20 @@ import click
               help="Seconds a connection has to send a whole request head.")
 @click.option("--body-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
               help="Seconds a request has to send its whole body.")
+@click.option("--dist-timeout", type=click.FloatRange(min=1), default=300.0, show_default=True,
+              help="Sharded serving: seconds one rank waits for the others (a longer step, or a dead rank, is an error).")
+@click.option("--ep-exchange", type=click.Choice(["all-reduce", "all-to-all"]), default="all-reduce", show_default=True,
+              help="Sharded serving: how MoE layers exchange tokens (all-to-all: each token only to the ranks of its experts).")
 def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model_name: str | None, max_model_len: int | None,
           max_num_seqs: int, max_num_batched_tokens: int, block_size: int, kv_cache_gib: float | None, gpu_memory_utilization: float,
           act_quant: bool, backend: str, api_key: str | None, prefix_caching: bool, max_request_bytes: int,
           max_seqs_per_request: int, max_tokens_per_request: int, max_waiting_seqs: int, header_timeout: float,
-          body_timeout: float) -> None:
+          body_timeout: float, dist_timeout: float, ep_exchange: str) -> None:
     """Serve checkpoint CKPT (a source checkpoint or a `quantkit convert` output) over HTTP.
 
     A `quantkit shard --ep N [--tp T]` output is served expert (and tensor) parallel, one process per
-    rank: `torchrun --nproc-per-node N -m quantkit serve CKPT` (rank 0 listens).
+    rank: `torchrun --nproc-per-node N -m quantkit serve CKPT` (rank 0 listens); each of its N / T
+    data-parallel groups runs its own requests.
 
     Endpoints: POST /v1/completions and /v1/chat/completions (streaming with "stream": true),
     GET /v1/models, /health, /metrics.  The limits above hold for every client, before a body is read.  Requests share the GPU through continuous batching over a
@@ -72,7 +77,8 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
         server = build(ckpt, host=host, port=port, device=_device(device), dtype=dtype, model_name=served_model_name,
                        max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                        block_size=block_size, kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization,
-                       act_quant=act_quant, backend=backend, prefix_caching=prefix_caching, limits=limits)
+                       act_quant=act_quant, backend=backend, prefix_caching=prefix_caching, limits=limits,
+                       dist_timeout_s=dist_timeout, ep_exchange=ep_exchange)
     except (CheckpointError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:
@@ -80,6 +86,7 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
     import signal
 
     from ..serve.launch import Worker
+    from ..serve.scheduler import EngineBroken
 
     def interrupt(signum, frame):  # SIGTERM (torchrun, service managers) stops as Ctrl-C does
         raise KeyboardInterrupt
@@ -91,7 +98,11 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         click.echo(f"rank {server.rank}: holding its share of the model, following rank 0", err=True)
         try:
-            server.serve()
+            steps = server.serve()
+            held = server.cache.num_blocks - len(server.cache.free_blocks)
+            click.echo(f"rank {server.rank}: stopped after {steps} steps with its group's tokens, {held} KV blocks held", err=True)
+        except EngineBroken as e:
+            raise click.ClickException(str(e)) from None
         finally:
             _leave_group()
         return
@@ -103,6 +114,8 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
         server.serve()
     except KeyboardInterrupt:
         pass
+    except EngineBroken as e:
+        raise click.ClickException(str(e)) from None
     finally:
         server.server_close()
         _leave_group()

@@ -3,7 +3,7 @@
 One module per family (gpt_oss, deepseek, qwen3) turns the source's tensors into conversion items
 (rename tables as data, the few real transforms as code); :mod:`plan` decides every output tensor
 and its path from the headers alone; :mod:`engine` streams the shards (in worker processes when
-asked) through :class:`~quantkit.checkpoint.CheckpointWriter`; :mod:`targets` does the numerics
+asked) through :class:`~quantkit.writer.CheckpointWriter`; :mod:`targets` does the numerics
 with the formats/ reference (or quantkit.kernels on CUDA).
 """
 
@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import destination
-from ..checkpoint import CheckpointError, CheckpointWriter
+from ..checkpoint import CheckpointError
+from ..writer import CheckpointWriter
 from . import deepseek, gpt_oss, qwen3  # noqa: F401  (each registers its family)
 from .engine import FIDELITY_DIR, execute, load_fidelity
 from .memory import RssSampler

@@ -1,7 +1,7 @@
 """Streaming execution of a plan: shard by shard, in this process or in a pool of worker processes.
 
 A shard is the unit of work and of resumption: a worker streams its tensors, in plan order, into
-``<shard>.part`` (checkpoint.write_shard), renames it, writes the shard's fidelity records to
+``<shard>.part`` (writer.write_shard), renames it, writes the shard's fidelity records to
 ``.fidelity/<shard>.json`` in the partial directory, and only then does the main process record the
 shard's sha256 in progress.json.  Which tensors a shard holds is fixed by the plan, never by the
 worker count, so the bytes are the same whatever ``--workers``.  A task whose weight and scale fall
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import DTYPES, CheckpointError, CheckpointWriter, write_shard
+from ..checkpoint import DTYPES, CheckpointError
+from ..writer import CheckpointWriter, write_shard
 from .memory import RssSampler
 from .ops import Ops
 from .plan import Plan

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..checkpoint import DTYPES, CheckpointError, ShardPlan, TensorSpec, plan_shards
+from ..checkpoint import DTYPES, CheckpointError
+from ..writer import ShardPlan, TensorSpec, plan_shards
 from .items import LINEAR, MODULE, MX, TILE, Item, cdiv
 from .qsource import source_scale_fmt
 from .options import ConvertOptions, OptionError, uses_rule
@@ -175,7 +176,7 @@ def upstream_roles(items: list[Item], to: str, fused_experts: bool) -> list[Item
 
 def make_plan(src: str, o: ConvertOptions) -> Plan:
     s = open_source(src)
-    items = upstream_roles(build_items(s.family.name, s.ckpt, s.config, s.where), o.to, s.family.fused_experts)
+    items = upstream_roles(build_items(s.family.name, s.ckpt, s.model, s.where), o.to, s.family.fused_experts)
     if o.ignore and o.to == "bf16":
         raise OptionError("--ignore applies to quantized targets; --to bf16 quantizes nothing")
     keep = ignored(items, o.ignore)

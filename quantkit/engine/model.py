@@ -53,6 +53,7 @@ class CausalLM(nn.Module):
         self.norm, self.lm_head = norm, lm_head
         self.mtp = mtp  # DeepSeek's multi-token-prediction layer, cache layer len(layers)
         self.embed_parallel = None  # tensor parallel: this rank's vocabulary rows (..parallel.VocabParallelEmbedding)
+        self.dp_exchange = None  # DP groups: the MoE layers' token exchange (..parallel.DPExchange)
 
     @property
     def device(self) -> torch.device:

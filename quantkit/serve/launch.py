@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from ..engine.kv_cache import KVCache
+from .dp import DPEngine
 from .scheduler import LLMEngine
 from .text import ModelText
 
@@ -21,21 +23,27 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
           model_name: str | None = None, max_model_len: int | None = None, max_num_seqs: int = 64,
           max_num_batched_tokens: int = 2048, block_size: int = 16, kv_cache_gib: float | None = None,
           gpu_memory_utilization: float = 0.9, act_quant: bool = True, backend: str = "auto",
-          prefix_caching: bool = True, limits=None) -> Server | Worker:
+          prefix_caching: bool = True, limits=None, dist_timeout_s: float = 300.0,
+          ep_exchange: str = "all-reduce") -> Server | Worker:
     """Load the checkpoint and bind the server (not serving yet: ``serve()`` or ``start_background()``).
 
     KV cache: ``kv_cache_gib`` when given; otherwise on CUDA what ``gpu_memory_utilization`` of the
     device leaves after the weights, on a CPU 2 GiB; never more than ``max_num_seqs`` full contexts.
     ``limits`` (a :class:`.server.Limits`): what one client may ask of the HTTP server (its defaults when None).
     A ``quantkit shard`` output is served expert (and tensor) parallel, one process per rank under torchrun
-    (:mod:`.distributed`): rank 0 gets the Server, the other ranks a :class:`Worker`."""
+    (:mod:`.distributed`), each DP group with its own requests (:mod:`.dp`): rank 0 gets the Server, the
+    other ranks a :class:`Worker`.  ``dist_timeout_s`` bounds every wait of one rank for the others;
+    ``ep_exchange``: how the MoE layers exchange tokens (all-reduce, or all-to-all dispatch and combine)."""
     from ..engine import parallel
     from ..engine.loader import load
     from . import distributed
 
-    root, man, ctrl, rank = Path(ckpt), distributed.sharded_root(ckpt), None, 0
+    root, man, ctrl, rank, tp, dp = Path(ckpt), distributed.sharded_root(ckpt), None, 0, 1, 1
     if man is not None:
-        model, ctrl, rank, path = load_rank(root, man, device, dtype, act_quant, backend)
+        model, ctrl, rank, path = load_rank(root, man, device, dtype, act_quant, backend, dist_timeout_s, dp_groups=True,
+                                            exchange=ep_exchange, max_num_seqs=max_num_seqs)
+        tp = int(man["parallel"].get("tp", 1))
+        dp = int(man["parallel"]["world_size"]) // tp
     else:
         path = root
         model = load(path, device, getattr(torch, dtype), act_quant=act_quant, backend=backend)
@@ -57,32 +65,40 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
         raise ValueError(f"the KV cache holds {blocks * block_size} tokens, less than max_model_len {max_len}: "
                          "give it more memory or lower --max-model-len")
     if rank > 0:
-        return Worker(model, model.new_cache(blocks, block_size), ctrl, rank)
+        return Worker(model, model.new_cache(blocks, block_size), ctrl, rank, tp)
     text = ModelText(path, model.config)
-    engine = LLMEngine(model, blocks, block_size, max_num_seqs, max_num_batched_tokens, max_len, text.eos_ids, prefix_caching)
+
+    def scheduler(cache: KVCache | None = None) -> LLMEngine:
+        return LLMEngine(model, blocks, block_size, max_num_seqs, max_num_batched_tokens, max_len, text.eos_ids,
+                         prefix_caching, cache)
+
+    engine = scheduler()
+    if ctrl is not None:  # the other groups' caches live on their ranks: rank 0 keeps their block tables
+        engine = DPEngine([engine] + [scheduler(KVCache([], blocks, block_size)) for _ in range(dp - 1)], ctrl, tp,
+                          idle_tick_s=dist_timeout_s / 4)
     from .server import Server  # the HTTP side (fastapi, uvicorn): rank 0 alone
 
     server = Server((host, port), engine, text, model_name or root.resolve().name, limits)
-    if ctrl is not None:
-        engine.on_step = distributed.broadcaster(ctrl)
-        server.ctrl = ctrl
+    server.ctrl = ctrl
     return server
 
 
-def load_rank(root: Path, man: dict, device: str, dtype: str, act_quant: bool = True, backend: str = "auto"):
+def load_rank(root: Path, man: dict, device: str, dtype: str, act_quant: bool = True, backend: str = "auto",
+              dist_timeout_s: float = 300.0, dp_groups: bool = False, exchange: str = "all-reduce", max_num_seqs: int = 64):
     """This process's rank of a ``quantkit shard`` output (torchrun's environment says which), joined to
     its process groups with its expert- and tensor-parallel layers attached: (model, gloo control group,
-    rank, rank directory)."""
+    rank, rank directory).  ``dp_groups``: each DP group runs its own tokens (serving), the MoE layers
+    exchange them (:class:`..engine.parallel.DPExchange`); otherwise every rank runs the same batch."""
     from ..engine import parallel
     from ..engine.loader import load
     from . import distributed
 
     rank, world, path = distributed.launch_info(root, man)
-    dev, ctrl = parallel.init(device)
+    dev, ctrl = parallel.init(device, dist_timeout_s)
     tp = int(man["parallel"].get("tp", 1))
     tp_group = parallel.tp_groups(world, tp) if tp > 1 else None
     model = load(path, dev, getattr(torch, dtype), act_quant=act_quant, backend=backend, rank_of_shard=True)
-    parallel.attach(model)
+    parallel.attach(model, world // tp if dp_groups else 1, tp, tp_group, exchange, max_num_seqs)
     if tp_group is not None:
         parallel.attach_tp(model, tp_group)
     return model, ctrl, rank, path
@@ -91,13 +107,13 @@ def load_rank(root: Path, man: dict, device: str, dtype: str, act_quant: bool = 
 class Worker:
     """A rank > 0 of sharded serving: replays rank 0's steps until rank 0 stops."""
 
-    def __init__(self, model, cache, ctrl, rank: int) -> None:
-        self.model, self.cache, self.ctrl, self.rank = model, cache, ctrl, rank
+    def __init__(self, model, cache, ctrl, rank: int, tp: int) -> None:
+        self.model, self.cache, self.ctrl, self.rank, self.tp = model, cache, ctrl, rank, tp
 
     def serve(self) -> int:
         from .distributed import worker_loop
 
-        return worker_loop(self.model, self.cache, self.ctrl)
+        return worker_loop(self.model, self.cache, self.ctrl, self.rank, self.tp)
 
     def server_close(self) -> None:
         pass

@@ -29,16 +29,30 @@ import itertools
 import time
 from array import array
 from collections import Counter, deque
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import torch
 
+from ..engine.kv_cache import KVCache
 from ..engine.model import CausalLM
 from ..engine.runner import forward_step
 from .sampling import SamplingParams, TokenLogprobs, logprobs_at, new_generator, sample
 from .text import Detokenizer
 
+
+
+def to_host(logits: torch.Tensor | None, need: list[int]) -> tuple[list[int], dict[int, torch.Tensor]]:
+    """Every row's argmax, taken on the device in one call, and on the host only the rows in ``need``: a
+    greedy batch moves B ids, not B x vocab floats."""
+    if logits is None:
+        return [], {}
+    rows = logits[need].cpu() if need else None
+    return logits.argmax(-1).tolist(), {i: rows[k] for k, i in enumerate(need)}
+
+
+class EngineBroken(RuntimeError):
+    """The engine cannot step any more (sharded serving lost a rank): the server stops with this error."""
 
 
 class RequestError(ValueError):
@@ -88,6 +102,18 @@ def block_hash(prev: bytes, tokens: list[int]) -> bytes:
     return hashlib.blake2b(prev + array("q", tokens).tobytes(), digest_size=16).digest()
 
 
+@dataclass(eq=False)
+class Step:
+    """One scheduled batch before its forward: the new tokens of each sequence (``order``, in the flat
+    ``tokens``), the logit rows wanted, and per request (``wants``) where its rows are."""
+
+    plan: dict[Request, int]
+    order: list[tuple[str, int]]
+    tokens: torch.Tensor  # int64 [T]
+    rows: list[int]
+    wants: list[tuple[Request, int, list[int], bool]]  # (request, first row, prompt-logprob positions, sample?)
+
+
 @dataclass
 class EngineStats:
     prompt_tokens: int = 0
@@ -104,11 +130,13 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int = 16, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 2048, max_model_len: int | None = None, eos_ids: tuple[int, ...] = (),
-                 prefix_caching: bool = True) -> None:
+                 prefix_caching: bool = True, cache: KVCache | None = None) -> None:
+        """``cache``: the KV cache to schedule (the model's own, new, when None; sharded serving's front end
+        gives the other DP groups' schedulers a cache of block tables alone, :class:`KVCache` of no layers)."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got {max_num_seqs}, {max_num_batched_tokens}")
         self.model = model
-        self.cache = model.new_cache(num_blocks, block_size)
+        self.cache = model.new_cache(num_blocks, block_size) if cache is None else cache
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         limit = int(model.config.get("max_position_embeddings", num_blocks * block_size))
         self.max_model_len = min(max_model_len or limit, limit, num_blocks * block_size)
@@ -121,9 +149,9 @@ class LLMEngine:
         self.running: list[Request] = []
         self.stats = EngineStats()
         self._ids = itertools.count()
-        # on_step(released ids, [(id, new tokens)], tokens, logit rows): called before each forward (distributed serving)
-        self.on_step: Callable[[list, list, torch.Tensor, list[int]], None] | None = None
-        self.released: list = []
+        self.replayed = False  # sharded serving: other ranks replay this cache's allocations (..distributed)
+        self.released: list = []  # then: sequences released since the last step, for the other ranks to release
+        self.idle_tick_s: float | None = None  # how often an idle engine thread calls tick() (None: never)
 
     # --- requests -------------------------------------------------------------------------------
     def check_request(self, prompt: list[int], params: SamplingParams) -> None:
@@ -172,7 +200,7 @@ class LLMEngine:
     def _release(self, r: Request) -> None:
         if r.id in self.cache.tables:
             self.cache.release(r.id)
-            if self.on_step is not None:
+            if self.replayed:
                 self.released.append(r.id)
 
     # --- scheduling ----------------------------------------------------------------------------
@@ -193,7 +221,7 @@ class LLMEngine:
     @property
     def caching(self) -> bool:
         """Prefix caching is on (not in sharded serving: the other ranks replay allocations, not cache hits)."""
-        return self.prefix_caching and self.on_step is None
+        return self.prefix_caching and not self.replayed
 
     def _hashes(self, r: Request, n_blocks: int) -> list[bytes]:
         bs, h = self.cache.block_size, r.block_hashes
@@ -265,9 +293,17 @@ class LLMEngine:
     @torch.no_grad()
     def step(self) -> list[Request]:
         """Run one batch; the requests that advanced (new tokens, prompt logprobs, or finished)."""
+        st = self.prepare()
+        if st is None:
+            return []
+        logits = forward_step(self.model, self.cache, st.order, st.tokens, st.rows)
+        return self.complete(st, *to_host(logits, self.host_rows(st)))
+
+    def prepare(self) -> Step | None:
+        """Schedule the next batch (None when nothing runs): its tokens, and the logit rows it wants."""
         plan = self._schedule()
         if not plan:
-            return []
+            return None
         ids, rows, wants = [], [], []  # wants: (request, rows of its logits, first position, sample?)
         row = 0
         for r, n in plan.items():
@@ -284,18 +320,24 @@ class LLMEngine:
             wants.append((r, len(rows), lp_rows, sample_now))
             rows += mine
             row += n
-        tokens = torch.cat(ids)
-        order = [(r.id, n) for r, n in plan.items()]
-        if self.on_step is not None:  # distributed: the other ranks run the same step (.distributed)
-            self.on_step(self.released, order, tokens, rows)
-            self.released = []
-        logits = forward_step(self.model, self.cache, order, tokens, rows)
-        top, host = self._to_host(logits, wants)
+        return Step(plan, [(r.id, n) for r, n in plan.items()], torch.cat(ids), rows, wants)
+
+    def tick(self) -> None:
+        """Called while idle every ``idle_tick_s`` (sharded serving's heartbeat); nothing to do here."""
+
+    def take_released(self) -> list:
+        """Sequences released since the last call (sharded serving: the other ranks release them too)."""
+        out, self.released = self.released, []
+        return out
+
+    def complete(self, st: Step, top: list[int], host: dict[int, torch.Tensor]) -> list[Request]:
+        """Account a batch that ran: ``top`` is every logit row's argmax, ``host`` the rows of
+        :meth:`host_rows` on the host.  The requests that advanced."""
         now = time.monotonic()
         self.stats.steps += 1
         done = []
-        for r, at, lp_rows, sample_now in wants:
-            before, r.computed = r.computed, r.computed + plan[r]
+        for r, at, lp_rows, sample_now in st.wants:
+            before, r.computed = r.computed, r.computed + st.plan[r]
             if not r.preemptions:  # a recomputation is not new prompt
                 self.stats.prompt_tokens += min(r.computed, len(r.prompt)) - min(before, len(r.prompt))
             full = r.computed // self.cache.block_size
@@ -324,19 +366,15 @@ class LLMEngine:
         p = r.params
         return not p.greedy or p.adjusts or p.logprobs is not None or len(r.output) < p.min_tokens
 
-    def _to_host(self, logits: torch.Tensor | None, wants: list) -> tuple[list[int], dict[int, torch.Tensor]]:
-        """Every row's argmax, taken on the device in one call, and on the host only the rows that need
-        more (prompt logprobs, non-greedy sampling, penalties, logprobs): a greedy batch moves B ids, not
-        B x vocab floats."""
-        if logits is None:
-            return [], {}
+    def host_rows(self, st: Step) -> list[int]:
+        """The logit rows that must reach the host: prompt logprobs, and samples that need more than the argmax
+        (non-greedy sampling, penalties, logprobs)."""
         need = []
-        for r, at, lp_rows, sample_now in wants:
+        for r, at, lp_rows, sample_now in st.wants:
             need += range(at, at + len(lp_rows))
             if sample_now and self._needs_row(r):
                 need.append(at + len(lp_rows))
-        rows = logits[need].cpu() if need else None
-        return logits.argmax(-1).tolist(), {i: rows[k] for k, i in enumerate(need)}
+        return need
 
     def _prompt_logprobs(self, r: Request, logits: torch.Tensor, positions: list[int]) -> None:
         if not r.prompt_logprobs:

@@ -6,7 +6,8 @@ import time
 from pathlib import Path
 
 from .. import destination
-from ..checkpoint import Checkpoint, CheckpointWriter, parse_size
+from ..checkpoint import Checkpoint, parse_size
+from ..writer import CheckpointWriter
 from .layout import Parallel, ShardError
 from .plan import Plan, build
 from .verify import verify

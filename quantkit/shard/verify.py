@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import MANIFEST, Checkpoint, sha256_file
+from ..checkpoint import MANIFEST, Checkpoint
+from ..writer import sha256_file
 from . import geometry as geo
 from .layout import ShardError
 

@@ -21,8 +21,9 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from ..checkpoint import DTYPES, INDEX, MANIFEST, Checkpoint, CheckpointWriter, ShardPlan, TensorSpec, plan_shards, sha256_file, write_shard
+from ..checkpoint import DTYPES, INDEX, MANIFEST, Checkpoint
 from ..progress import Progress
+from ..writer import CheckpointWriter, ShardPlan, TensorSpec, plan_shards, sha256_file, write_shard
 from .layout import ShardError
 from .plan import Group, Piece, Plan
 

@@ -2,7 +2,7 @@
 
 One module per family builds a :class:`~quantkit.synth.pieces.Synth` (config, tensor pieces,
 tokenizer) from a preset's shapes; :func:`synthesize` plans the shards from the pieces' specs
-and streams them, piece by piece, through :class:`~quantkit.checkpoint.CheckpointWriter`
+and streams them, piece by piece, through :class:`~quantkit.writer.CheckpointWriter`
 (atomic; peak memory about two tensors, the one written and the one generated ahead, plus a
 16 MB float32 chunk per worker thread).  Same seed, same bytes.
 """
@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import CheckpointWriter, ShardPlan, parse_size, plan_shards
+from ..checkpoint import parse_size
 from ..progress import Progress
+from ..writer import CheckpointWriter, ShardPlan, plan_shards
 from . import deepseek, gpt_oss, presets, qwen3, tokenizer
 from .pieces import Piece, Synth
 

@@ -19,7 +19,7 @@ from functools import partial
 
 import torch
 
-from ..checkpoint import TensorSpec
+from ..writer import TensorSpec
 from ..formats import fp8_block, mxfp4
 from . import weights
 from .tokenizer import TokenizerSpec

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from quantkit.checkpoint import CheckpointError, CheckpointWriter
+from quantkit.checkpoint import CheckpointError
+from quantkit.writer import CheckpointWriter
 from quantkit.converters import ConvertOptions, make_plan
 from quantkit.converters.engine import execute
 from quantkit.converters.provenance import SourceHashes

@@ -19,8 +19,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from quantkit import checkpoint, destination
-from quantkit.checkpoint import CheckpointWriter
+from quantkit import destination, writer
+from quantkit.writer import CheckpointWriter
 from quantkit.converters import ConvertOptions, convert, make_plan
 from quantkit.converters.engine import execute
 from quantkit.converters.provenance import SourceHashes
@@ -87,14 +87,14 @@ class _FullDisk:
 
 
 def fill_disk_after(monkeypatch: pytest.MonkeyPatch, nbytes: int) -> None:
-    """Shard files written by quantkit.checkpoint see a disk that is full after ``nbytes``."""
+    """Shard files written by quantkit.writer see a disk that is full after ``nbytes``."""
     budget = [nbytes]
 
     def fake_open(path, mode="r", *a, **k):
         f = open(path, mode, *a, **k)
         return _FullDisk(f, budget) if str(path).endswith(".part") else f
 
-    monkeypatch.setattr(checkpoint, "open", fake_open, raising=False)
+    monkeypatch.setattr(writer, "open", fake_open, raising=False)
 
 
 DISK_FULL = r"no space left on device: [\d,]+ bytes still to write, [\d,]+ free"
@@ -126,7 +126,7 @@ def test_shard_on_a_full_disk_leaves_nothing(base: Path, tmp_path: Path, monkeyp
     for how in ("at the start", "while writing"):
         with monkeypatch.context() as m:
             if how == "at the start":
-                m.setattr(checkpoint.CheckpointWriter, "_save_progress", full)
+                m.setattr(writer.CheckpointWriter, "_save_progress", full)
             else:
                 fill_disk_after(m, 100_000)
             r = cli("shard", base, tmp_path / "o", "--ep", "2")
@@ -143,9 +143,9 @@ def test_resume_redoes_shards_whose_source_bytes_changed(base: Path, tmp_path: P
     shutil.copytree(base, src)
     opts = ConvertOptions(to="fp8-block", max_shard_size=1_000_000)
     plan = make_plan(str(src), opts)
-    writer = CheckpointWriter(tmp_path / "o", job=plan.job(), sources=SourceHashes(plan))
-    execute(plan, writer, lambda n: None)  # every shard written, then killed before the commit
-    writer.close()
+    w = CheckpointWriter(tmp_path / "o", job=plan.job(), sources=SourceHashes(plan))
+    execute(plan, w, lambda n: None)  # every shard written, then killed before the commit
+    w.close()
     changed = sorted(src.glob("*.safetensors"))[0]
     shutil.copy(other / changed.name, changed)  # the same header, other tensor bytes
     rep = convert(src, tmp_path / "o", ConvertOptions(to="fp8-block", max_shard_size=1_000_000, resume=True))

@@ -53,16 +53,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(dst, world: int) -> list[subprocess.Popen]:
+def launch(dst, world: int, extra: tuple[str, ...] = ()) -> list[subprocess.Popen]:
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world)}
     cmd = [sys.executable, "-m", "quantkit", "serve", str(dst), "--device", "cpu", "--dtype", "float32", "--no-act-quant",
-           "--port", "0", "--kv-cache-gib", "0.01", "--max-model-len", "128", "--max-num-batched-tokens", "8"]
+           "--port", "0", "--kv-cache-gib", "0.01", "--max-model-len", "128", "--max-num-batched-tokens", "8", *extra]
     return [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stderr=subprocess.PIPE, text=True)
             for r in range(world)]
 
 
 CASES = [("qwen3-moe", 2, 1), ("gpt-oss", 2, 1), ("deepseek-v3", 2, 1),  # expert parallel
-         ("qwen3-moe", 2, 2), ("gpt-oss", 4, 2), ("deepseek-v3", 2, 2)]  # + tensor parallel (gpt-oss: 2 DP replicas of TP 2)
+         ("qwen3-moe", 2, 2), ("gpt-oss", 4, 2), ("deepseek-v3", 2, 2)]  # + tensor parallel (gpt-oss: 2 DP groups of TP 2)
 
 
 def post(url: str, body: dict) -> dict:
@@ -85,7 +85,7 @@ def check_choices(got: dict, whole, text, bias: dict[int, float]) -> list[list[i
 
 
 CASES = [("qwen3-moe", 2, 1), ("gpt-oss", 2, 1), ("deepseek-v3", 2, 1),  # expert parallel
-         ("qwen3-moe", 2, 2), ("gpt-oss", 4, 2), ("deepseek-v3", 2, 2),  # + tensor parallel (gpt-oss: 2 DP replicas of TP 2)
+         ("qwen3-moe", 2, 2), ("gpt-oss", 4, 2), ("deepseek-v3", 2, 2),  # + tensor parallel (gpt-oss: 2 DP groups of TP 2)
          ("qwen3", 2, 2)]  # tensor parallel alone (a dense model)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from quantkit.checkpoint import Checkpoint, plan_shards
+from quantkit.checkpoint import Checkpoint
+from quantkit.writer import plan_shards
 from quantkit.shard import Parallel, ShardError, build, shard
 
 from .tiny import sparse

@@ -7,7 +7,8 @@ import shutil
 
 import pytest
 
-from quantkit.checkpoint import Checkpoint, sha256_file
+from quantkit.checkpoint import Checkpoint
+from quantkit.writer import sha256_file
 from quantkit.shard import ShardError, shard, verify
 
 from .tiny import build as build_tiny

@@ -94,6 +94,7 @@ class Server:
                 await super().shutdown(sockets)
 
         self._uvicorn = _Uvicorn(self._config(log_level))
+        self.loop.on_broken = self._exit
         self.loop.start()
         try:
             asyncio.run(self._uvicorn.serve(sockets=[self.socket]))
@@ -101,10 +102,16 @@ class Server:
             self._up.set()
             self.loop.stop()
             self.loop.join(timeout=30)
-            if self.ctrl is not None:  # sharded serving: release the other ranks
+            if self.ctrl is not None and self.loop.error is None:  # sharded serving: release the other ranks
                 from ..distributed import stop_workers
 
                 stop_workers(self.ctrl)
+        if self.loop.error is not None:  # the engine broke (a rank lost): the server stops with its error
+            raise self.loop.error
+
+    def _exit(self) -> None:
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
 
     def start_background(self) -> threading.Thread:
         """Serve from a background thread (tests, benchmarks, notebooks), ready when this returns."""

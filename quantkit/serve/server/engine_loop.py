@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..sampling import SamplingParams, TokenLogprobs
-from ..scheduler import LLMEngine, Request, RequestError
+from ..scheduler import EngineBroken, LLMEngine, Request, RequestError
 
 
 @dataclass
@@ -77,6 +77,8 @@ class EngineLoop(threading.Thread):
         self.sinks: dict[Request, tuple[int, Sink, list[int]]] = {}  # request -> (choice index, sink, [tokens sent])
         self.outbox: dict[asyncio.AbstractEventLoop, list] = defaultdict(list)  # this step's deltas, per event loop
         self.lock = threading.Lock()  # held while the engine's state changes (/metrics reads it)
+        self.error: EngineBroken | None = None  # why the engine stopped for good, if it did
+        self.on_broken = None  # called from this thread when it does (the server then stops)
 
     async def submit(self, items: list[tuple[int, list[int], SamplingParams, object]], sink: Sink) -> list[Request]:
         """Add requests (choice index, prompt ids, params, detokenizer) whose deltas go to ``sink``.  Raises
@@ -96,15 +98,21 @@ class EngineLoop(threading.Thread):
     def run(self) -> None:
         try:
             self._loop()
+        except EngineBroken as e:
+            self.error = e
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            if self.on_broken is not None:
+                self.on_broken()
         finally:  # stopped (or broken): requests still running, and submissions not taken, end with an error
-            self._fail_all(RuntimeError("the server is shutting down"))
+            self._fail_all(self.error or RuntimeError("the server is shutting down"))
             self._refuse_inbox()
             self._flush()
 
     def _loop(self) -> None:
+        tick = self.engine.idle_tick_s  # sharded serving: a heartbeat to the other ranks while idle
         while True:
             try:  # block while idle; while there is work, only take what is already there
-                msg = self.inbox.get() if not self.engine.has_work() else self.inbox.get_nowait()
+                msg = self.inbox.get(timeout=tick) if not self.engine.has_work() else self.inbox.get_nowait()
             except queue.Empty:
                 msg = None
             while msg is not None:
@@ -117,6 +125,9 @@ class EngineLoop(threading.Thread):
                     msg = None
             if self.engine.has_work():
                 self._step()
+            elif tick is not None:
+                with self.lock:
+                    self.engine.tick()
             self._flush()
 
     def _take(self, msg: tuple) -> None:
@@ -159,6 +170,8 @@ class EngineLoop(threading.Thread):
         try:
             with self.lock:
                 advanced = self.engine.step()
+        except EngineBroken:
+            raise
         except Exception as e:  # a failed step fails its requests, the server stays up
             traceback.print_exc(file=sys.stderr)
             self._fail_all(RuntimeError(f"the engine failed on this batch: {e}"))

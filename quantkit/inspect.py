@@ -12,14 +12,13 @@ Warnings (:mod:`.consumers`) say where a known consumer will refuse a checkpoint
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 
-from . import consumers, families, finite
-from .checkpoint import Checkpoint, TensorInfo
+from . import consumers, families, finite, modelconfig, modelshapes
+from .checkpoint import Checkpoint, CheckpointError, TensorInfo
 from .formats import fp8_block
 
 SCALE_SUFFIXES = ("_scale_inv", "_scale", "_scales", ".scales")
@@ -118,18 +117,21 @@ def _params(t: TensorInfo) -> int:
     return t.numel * 2 if t.name.endswith(("_blocks", ".blocks", ".weight_packed")) else t.numel
 
 
-def _check_config(ck: Checkpoint, fam: families.Family, problems: list[str]) -> None:
-    cfg = ck.config
-    vocab, hidden = cfg.get("vocab_size"), cfg.get("hidden_size")
-    for name in ("model.embed_tokens.weight", "lm_head.weight"):
-        if name in ck and vocab and hidden and ck.info(name).shape != (vocab, hidden):
-            problems.append(f"{name}: shape {list(ck.info(name).shape)} disagrees with config vocab_size x hidden_size = [{vocab}, {hidden}]")
-    layers = {int(m.group(1)) for n in ck.names() if (m := re.match(r"model\.layers\.(\d+)\.", n))}
-    want = cfg.get("num_hidden_layers")
-    if want is not None and ck.layout == "root":
-        want += cfg.get("num_nextn_predict_layers", 0) if fam.name == "deepseek-v3" else 0
-        if layers and layers != set(range(want)):
-            problems.append(f"layers present {min(layers)}..{max(layers)} ({len(layers)}) disagree with config ({want} expected)")
+def _check_config(ck: Checkpoint, problems: list[str]) -> str | None:
+    """The family (None when unknown); what the config gets wrong, or disagrees with in the tensors."""
+    where = str(ck.root / "config.json")
+    try:
+        family = families.detect(ck.config, where).name
+    except ValueError as e:
+        problems.append(str(e))
+        return None
+    try:
+        mc = modelconfig.read(ck.config, where)
+    except CheckpointError as e:
+        problems.append(str(e))
+        return family
+    problems.extend(modelshapes.summarize(modelshapes.problems(mc, ck)))
+    return family
 
 
 def _scale_values(name: str, s: torch.Tensor, w: torch.Tensor) -> list[str]:
@@ -178,12 +180,8 @@ def inspect(path: str, tensors: bool = False, values: bool = True) -> Report:
     ck = Checkpoint(path)
     cfg = ck.config
     rep = Report(str(path), ck.layout, None, cfg.get("quantization_config"), shards=len(ck.files()))
-    try:
-        fam = families.detect(cfg, f"{ck.root}/config.json")
-        rep.family = fam.name
-    except ValueError as e:
-        rep.problems.append(str(e))
-        fam = None
+    rep.family = _check_config(ck, rep.problems)
+    fam = families.FAMILIES[rep.family] if rep.family else None
     fmts: Counter[str] = Counter()
     weights: dict[str, list[TensorInfo]] = {}
     dtypes: Counter[str] = Counter()
@@ -202,8 +200,6 @@ def inspect(path: str, tensors: bool = False, values: bool = True) -> Report:
         rep.unquantized += not quant
         if tensors:
             rep.tensors.append({"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "format": fmt, "file": t.file})
-    if fam is not None:
-        _check_config(ck, fam, rep.problems)
     rep.problems += [f"side file {s} (convert and shard skip it)" for s in ck.skipped_side_files()]
     rep.warnings = consumers.warnings(ck, rep.family, weights)
     if values:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from ..checkpoint import Checkpoint, CheckpointError
 from ..families import FAMILIES
+from ..modelconfig import ModelConfig
 from .items import Expect, Item
 from .registry import register
 
@@ -66,11 +67,9 @@ class Dims:
         return self.kv_heads * self.head_dim
 
 
-def dims(cfg: dict) -> Dims:
-    H, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-    return Dims(H=H, V=cfg["vocab_size"], layers=cfg["num_hidden_layers"], heads=heads,
-                kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or H // heads,
-                inter=cfg["intermediate_size"], experts=cfg["num_local_experts"])
+def dims(mc: ModelConfig) -> Dims:
+    return Dims(H=mc.hidden, V=mc.vocab, layers=mc.layers, heads=mc.heads, kv_heads=mc.kv_heads, head_dim=mc.head_dim,
+                inter=mc.intermediate, experts=mc.experts)
 
 
 def is_original(ckpt: Checkpoint) -> bool:
@@ -121,8 +120,8 @@ def layer(e: Expect, d: Dims, i: int, original: bool, mxfp4: bool) -> None:
     experts(e, d, i, src, mxfp4)
 
 
-def build(ckpt: Checkpoint, cfg: dict, where: str) -> list[Item]:
-    d = dims(cfg)
+def build(ckpt: Checkpoint, mc: ModelConfig, where: str) -> list[Item]:
+    d, cfg = dims(mc), mc.raw
     original = is_original(ckpt)
     q = (cfg.get("quantization_config") or {}).get("quant_method")
     if q not in (None, "mxfp4", "fp8", "compressed-tensors"):

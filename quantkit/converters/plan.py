@@ -176,7 +176,7 @@ def upstream_roles(items: list[Item], to: str, fused_experts: bool) -> list[Item
 
 def make_plan(src: str, o: ConvertOptions) -> Plan:
     s = open_source(src)
-    items = upstream_roles(build_items(s.family.name, s.ckpt, s.config, s.where), o.to, s.family.fused_experts)
+    items = upstream_roles(build_items(s.family.name, s.ckpt, s.model, s.where), o.to, s.family.fused_experts)
     if o.ignore and o.to == "bf16":
         raise OptionError("--ignore applies to quantized targets; --to bf16 quantizes nothing")
     keep = ignored(items, o.ignore)

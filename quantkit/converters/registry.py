@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..checkpoint import Checkpoint, CheckpointError
+from ..modelconfig import ModelConfig
 from .items import Item
 
-# (checkpoint, config.json as a dict, where-string for messages) -> items in output order
-Builder = Callable[[Checkpoint, dict, str], list[Item]]
+# (checkpoint, its config as read by quantkit.modelconfig, where-string for messages) -> items in output order
+Builder = Callable[[Checkpoint, ModelConfig, str], list[Item]]
 BUILDERS: dict[str, Builder] = {}
 
 
@@ -21,10 +22,7 @@ def register(family: str, builder: Builder) -> None:
     BUILDERS[family] = builder
 
 
-def build_items(family: str, ckpt: Checkpoint, config: dict, where: str) -> list[Item]:
+def build_items(family: str, ckpt: Checkpoint, model: ModelConfig, where: str) -> list[Item]:
     if family not in BUILDERS:
         raise CheckpointError(f"{where}: no converter for family {family!r}; converters exist for {', '.join(sorted(BUILDERS))}")
-    try:
-        return BUILDERS[family](ckpt, config, where)
-    except KeyError as e:
-        raise CheckpointError(f"{where}: config.json has no {e.args[0]!r}, which a {family} checkpoint needs") from None
+    return BUILDERS[family](ckpt, model, where)

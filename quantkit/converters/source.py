@@ -7,15 +7,16 @@ the bytes read stay file pages — the page cache — and never count as the rea
 
 from __future__ import annotations
 
-import json
 import mmap
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..checkpoint import DTYPES, Checkpoint, CheckpointError, read_header
-from ..families import Family, detect
+from ..checkpoint import DTYPES, Checkpoint, load_json_object, read_header
+from ..families import FAMILIES, Family
+from ..modelconfig import ModelConfig
+from ..modelshapes import verify
 from . import gpt_oss
 
 
@@ -31,6 +32,7 @@ class TensorLoc:
 class OpenSource:
     ckpt: Checkpoint
     config: dict  # HF config.json
+    model: ModelConfig  # what the config says, checked against the tensors
     family: Family
     where: str
 
@@ -43,10 +45,7 @@ def hf_config(ckpt: Checkpoint) -> dict:
     own = ckpt.dir / "config.json"
     orig = cfg
     if not cfg and own.exists():
-        try:
-            orig = json.loads(ckpt.inside(own, "config").read_text())
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{own}: not valid JSON ({e})") from None
+        orig = load_json_object(ckpt.inside(own, "config").read_bytes(), str(own), "the file")
     if "experts_per_token" in orig and "num_experts" in orig:
         return gpt_oss.hf_config(orig, str(own))
     return cfg
@@ -55,12 +54,8 @@ def hf_config(ckpt: Checkpoint) -> dict:
 def open_source(path: str | Path) -> OpenSource:
     ckpt = Checkpoint(path)
     cfg = hf_config(ckpt)
-    where = str(ckpt.root / "config.json")
-    try:
-        family = detect(cfg, where)
-    except ValueError as e:
-        raise CheckpointError(str(e)) from None
-    return OpenSource(ckpt, cfg, family, str(ckpt.dir))
+    mc = verify(ckpt, cfg)  # as every command reads and checks it; items.Expect then checks dtypes and formats
+    return OpenSource(ckpt, cfg, mc, FAMILIES[mc.family], str(ckpt.dir))
 
 
 def locations(ckpt: Checkpoint, names: set[str]) -> dict[str, TensorLoc]:

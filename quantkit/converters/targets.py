@@ -189,6 +189,24 @@ def resolve_path(task: Task, dec: Decoder) -> str:
     return "fp8-block(ue8m0)->mxfp8" if fp8_block.is_pow2_scale(dec.all_scales()) else "requantize"
 
 
+def make_step(task: Task, dec: Decoder, out: list[torch.Tensor], ctx: Context, path: str, r: Rounding, tiles: list[int]) -> Step:
+    scratch = Scratch() if ctx.ops.device.type == "cpu" else None
+    if path in ("mxfp4->mxfp8", "fp8-block(ue8m0)->mxfp8"):
+        return exact_mx_step(task, dec, out, ctx.ops)
+    if path == "mxfp8->fp8-block":
+        return mx_to_blocks_step(task, dec, out, ctx, r, tiles)
+    if task.target in ("fp8-block", "mxfp8", "mxfp4"):
+        return quant_step(task, dec, out, ctx, r, scratch)
+    return bf16_step(task, dec, out, r)
+
+
+def tiles_record(path: str, exact_path: bool, tiles: list[int]) -> tuple[str, bool]:
+    """mxfp8->fp8-block is exact when every tile was: reported as such, else as partly requantized."""
+    if path != "mxfp8->fp8-block":
+        return path, exact_path
+    return (path, True) if tiles[0] == tiles[1] else (f"{path} (partly requantized)", False)
+
+
 def check_finite(task: Task, reader: Reader) -> None:
     """Refuse a source tensor holding NaN/Inf (or NaN bytes of E4M3 / E8M0): a quantizer would spread
     it over its whole block, and a copy would hand it on unseen (quantkit/finite.py)."""
@@ -217,14 +235,7 @@ def run_task(task: Task, reader: Reader, ctx: Context, want: bool) -> tuple[dict
     r = NEAREST if exact_path else ctx.rounding.for_tensor(task.outputs[0].name)
     out = outputs(task, ctx.ops.device)
     tiles = [0, 0]  # mxfp8->fp8-block: exact tiles, all tiles
-    if path in ("mxfp4->mxfp8", "fp8-block(ue8m0)->mxfp8"):
-        step = exact_mx_step(task, dec, out, ctx.ops)
-    elif path == "mxfp8->fp8-block":
-        step = mx_to_blocks_step(task, dec, out, ctx, r, tiles)
-    elif task.target in ("fp8-block", "mxfp8", "mxfp4"):
-        step = quant_step(task, dec, out, ctx, r, Scratch() if on_cpu else None)
-    else:
-        step = bf16_step(task, dec, out, r)
+    step = make_step(task, dec, out, ctx, path, r, tiles)
     fid = Fidelity()
     n, k = task.item.shape[-2:]
     extent, width = (k, n) if task.transposed_out else (n, k)
@@ -239,10 +250,7 @@ def run_task(task: Task, reader: Reader, ctx: Context, want: bool) -> tuple[dict
     fid.settle()
     if want and exact_path and fid.exact != fid.numel:
         raise CheckpointError(f"{task.item.name}: the exact path {path} changed {fid.numel - fid.exact} of {fid.numel} elements (max abs {fid.max_abs:g})")
-    if path == "mxfp8->fp8-block":  # exact where every tile was: reported as such, with the tile count
-        exact_path = tiles[0] == tiles[1]
-        path = path if exact_path else f"{path} (partly requantized)"
-    rec = fid.record(path, exact_path) if want else None
+    rec = fid.record(*tiles_record(path, exact_path, tiles)) if want else None
     if rec is not None and tiles[1]:
         rec["exact_tiles"] = f"{tiles[0]}/{tiles[1]}"
     return {s.name: t for s, t in zip(task.outputs, out)}, rec

@@ -81,12 +81,13 @@ class AllToAll:
         g2l[torch.tensor(local_ids, dtype=torch.int64)] = torch.arange(len(local_ids))
         self.g2l, self.group, self.capacity = g2l, group, capacity
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        self.traffic = Traffic()
+        self.traffic, self.calls = Traffic(), 0
 
     def routed(self, experts, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor, fixed: bool = False) -> torch.Tensor:
         """x [T, H] this rank's tokens, weights float32 [T, k], global ids [T, k] -> [T, H] in x.dtype.  Rows
         travel as the experts consume them: quantized once here where they quantize their input
         (``experts.quantize_input``: E4M3 + scales), else as x."""
+        self.calls += 1
         ids = destination_slots(idx, self.owner.to(idx.device), self.world)
         hit = (ids >= 0).any(-1)  # [T, W]
         quantize = getattr(experts, "quantize_input", None)
@@ -175,3 +176,68 @@ class Payload:
             return self.tensors[0][tok], None
         q, s = self.tensors
         return torch.empty(tok.numel(), q.shape[1], dtype=self.dtype, device=q.device), (q[tok], s[tok])
+
+
+class ExchangeStep:
+    """What every MoE layer of a step agrees on: the step's token count per DP group (rank 0 sends them
+    with the step) decides fixed capacity (every rank's share fits ``capacity``) or variable splits, the
+    same on every rank, so the ranks' all-to-alls match."""
+
+    def __init__(self, capacity: int, tp: int) -> None:
+        self.capacity, self.tp, self.fixed = capacity, tp, False
+
+    def begin(self, sizes: list[int]) -> None:
+        self.fixed = max(-(-int(n) // self.tp) for n in sizes) <= self.capacity
+
+
+class ExpertExchange:
+    """A MoE layer's routed experts over all ranks by all-to-all (:class:`AllToAll`), in the interface of
+    :class:`.parallel.ExpertParallel`: the TP ranks of a group hold the same tokens, so TP rank t brings
+    rows [t c, (t + 1) c) of them (c = ceil(T / tp)) and the group's shares are all-gathered after."""
+
+    def __init__(self, a2a: AllToAll, step: ExchangeStep, tp: int, tp_group) -> None:
+        self.a2a, self.step, self.tp, self.tp_group = a2a, step, tp, tp_group
+
+    def routed(self, experts, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        c = -(-t // self.tp)
+        start = (self.a2a.rank % self.tp) * c
+        share = slice(start, min(t, start + c))
+        y = self.a2a.routed(experts, x[share], weights[share], idx[share], fixed=self.step.fixed)  # [n, H] x.dtype
+        if self.tp == 1:
+            return y
+        mine = torch.zeros(c, x.shape[1], dtype=y.dtype, device=y.device)
+        mine[: y.shape[0]] = y
+        group = torch.empty(self.tp * c, x.shape[1], dtype=y.dtype, device=y.device)
+        dist.all_gather_into_tensor(group, mine, group=self.tp_group)
+        return group[:t]
+
+
+def attach_all_to_all(moe: list[tuple[int, object]], experts_of: dict[str, list[int]], n_global: int, tp: int, tp_group,
+                      max_num_seqs: int) -> ExchangeStep:
+    """Give each MoE layer (index, module) an :class:`ExpertExchange`; every rank's expert ids per layer are
+    gathered once (the owner table).  The returned :class:`ExchangeStep` takes each step's sizes."""
+    lists = [None] * dist.get_world_size()
+    dist.all_gather_object(lists, {str(i): experts_of[str(i)] for i, _ in moe})
+    step = ExchangeStep(-(-max_num_seqs // tp), tp)
+    for i, mlp in moe:
+        owner = [-1] * n_global
+        for r, held in enumerate(lists):
+            for e in held[str(i)]:
+                owner[e] = r
+        if min(owner) < 0:
+            raise ValueError(f"MoE layer {i}: experts {[e for e, r in enumerate(owner) if r < 0]} are on no rank")
+        a2a = AllToAll(owner, experts_of[str(i)], capacity=step.capacity)
+        mlp.ep = ExpertExchange(a2a, step, tp, tp_group)
+    return step
+
+
+def traffic(model) -> dict[str, int] | None:
+    """This rank's all-to-all bytes over every MoE layer of ``model`` (phase_sent / phase_received) and the
+    layer calls they add up over, or None where its MoE layers do not exchange by all-to-all."""
+    layers = [m.ep for m in model.modules() if isinstance(getattr(m, "ep", None), ExpertExchange)]
+    if not layers:
+        return None
+    total = {k: sum(getattr(e.a2a.traffic, k) for e in layers) for k in vars(Traffic())}
+    total["layer_calls"] = sum(e.a2a.calls for e in layers)
+    return total

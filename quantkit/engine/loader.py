@@ -1,6 +1,7 @@
 """``load(path, device, dtype)``: any source checkpoint or quantkit output -> a ready :class:`CausalLM`.
 
-config.json names the family (:func:`quantkit.families.detect`); each weight's format is read off
+config.json names the family and the dimensions (:mod:`quantkit.modelconfig`, checked against the
+tensors by :mod:`quantkit.modelshapes`); each weight's format is read off
 its tensors (:mod:`.weights`); config.json's ``quantization_config`` and quantkit.json's options
 say how activations are quantized at serve time (:class:`.weights.QuantScheme`).  With
 ``act_quant=False`` activations stay unquantized: the source model's numerics with weights
@@ -16,15 +17,13 @@ backend each op last ran on.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from .. import families
-from ..checkpoint import MANIFEST, Checkpoint, CheckpointError
+from ..checkpoint import MANIFEST, Checkpoint, CheckpointError, load_json_object
 from ..kernels.dispatch import AUTO, Dispatcher
-from .parallel import local_config
+from ..modelshapes import verify
 from .model import CausalLM
 from .models import MODELS
 from .weights import QuantScheme, Weights
@@ -54,16 +53,18 @@ def load(
         raise CheckpointError(
             f"{ckpt.root}: rank {shard.get('rank')} of a {shard.get('world_size')}-rank checkpoint written by `quantkit shard` "
             f"(EP {shard.get('ep_size')}, TP {shard.get('tp_size')}); the engine runs whole checkpoints: load the one it was sharded from")
-    family = families.detect(ckpt.config, str(ckpt.root / "config.json"))
+    mc = verify(ckpt)  # the config read once, checked against the tensors (a rank's: by their global shapes)
+    if shard is not None:
+        mc = mc.local(int(shard.get("tp_size", 1)))  # this rank's attention heads
     manifest_path = ckpt.root / MANIFEST
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest = load_json_object(manifest_path.read_bytes(), str(manifest_path), "the file") if manifest_path.exists() else {}
     ops = Dispatcher(backend, dict(per_op or {}))
     if scale_mn is None:
         scale_mn = torch.device(device).type == "cuda"
     scheme = QuantScheme.from_config(ckpt.config, manifest, act_quant, scale_mn)
     w = Weights(ckpt, device, dtype, scheme, ops)
     with torch.no_grad():
-        model = MODELS[family.name](ckpt.config if shard is None else local_config(ckpt.config), w)
+        model = MODELS[mc.family](mc, w)
     w.check_all_used()
     model.ops = ops  # the dispatcher every layer calls: model.ops.ran names the backend of each op
     return model.eval()

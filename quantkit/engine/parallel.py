@@ -1,8 +1,8 @@
 """The model side of sharded serving: a rank's layers over torch.distributed (expert and tensor parallel).
 
 Process r of a ``quantkit shard`` output loads ``DST/rank-r-of-N``: its share of the routed experts, its
-TP slice of attention, dense / shared-expert MLPs, embedding and LM head (``local_config`` gives its
-head counts), and the replicated rest.  Every rank of a TP group runs the same batch:
+TP slice of attention, dense / shared-expert MLPs, embedding and LM head (``ModelConfig.local`` gives
+its head counts), and the replicated rest.  Every rank of a TP group runs the same batch:
 
 * tensor parallel, in the TP group (ranks dp * TP .. dp * TP + TP - 1): ``o_proj`` and dense
   ``down_proj`` are row-parallel (:class:`RowParallel`: partial products summed by a float32
@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..modelconfig import read
 from .qlinear import Linear, linear
 
 # one collective under its torch 2.13 name (the H200 image's 2.11 has only the older one)
@@ -214,23 +215,6 @@ class VocabParallelEmbedding:
         return out.to(table.dtype)
 
 
-def local_config(config: dict) -> dict:
-    """config.json as a rank of TP size t builds its layers: attention heads / t, KV heads / t (one when
-    t exceeds them: replicated, as quantkit shard writes them), head_dim kept at the global value."""
-    shard = config["quantkit_shard"]
-    tp = int(shard.get("tp_size", 1))
-    if tp == 1:
-        return config
-    heads = int(config["num_attention_heads"])
-    cfg = dict(config)
-    if "head_dim" not in cfg and "qk_nope_head_dim" not in cfg:
-        cfg["head_dim"] = int(config["hidden_size"]) // heads
-    cfg["num_attention_heads"] = heads // tp
-    if "num_key_value_heads" in config:
-        cfg["num_key_value_heads"] = max(1, int(config["num_key_value_heads"]) // tp)
-    return cfg
-
-
 def tp_groups(world: int, tp: int):
     """This rank's TP group (ranks dp * tp .. dp * tp + tp - 1); every rank creates every group, in order."""
     mine = None
@@ -277,9 +261,11 @@ def init(device: str, timeout_s: float = 300.0) -> tuple[torch.device, object]:
     return dev, ctrl
 
 
-def attach(model, dp: int = 1, tp: int = 1, tp_group=None) -> int:
-    """Give every MoE layer of a rank's model its expert-parallel reduction over all ranks (with ``dp`` > 1
-    groups, the token exchange of :class:`DPExchange`, also ``model.dp_exchange``); the number of MoE layers."""
+def attach(model, dp: int = 1, tp: int = 1, tp_group=None, exchange: str = "all-reduce", max_num_seqs: int = 64) -> int:
+    """Give every MoE layer of a rank's model its expert-parallel exchange over all ranks (with ``dp`` > 1
+    groups, the token exchange of :class:`DPExchange`, also ``model.dp_exchange``; with ``exchange``
+    "all-to-all", :mod:`.ep_exchange`'s dispatch and combine, its decode capacity from ``max_num_seqs``);
+    the number of MoE layers."""
     from .layers.moe import MoE
 
     blocks = list(enumerate(model.layers))
@@ -289,7 +275,14 @@ def attach(model, dp: int = 1, tp: int = 1, tp_group=None) -> int:
     if not moe:  # a dense model (Qwen3): tensor parallel only
         return 0
     shard = model.config["quantkit_shard"]
-    n_global = int(next(model.config[k] for k in ("n_routed_experts", "num_experts", "num_local_experts") if k in model.config))
+    n_global = read(model.config).experts
+    if exchange == "all-to-all":
+        from .ep_exchange import attach_all_to_all
+
+        model.dp_exchange = attach_all_to_all(moe, shard["experts"], n_global, tp, tp_group, max_num_seqs)
+        return len(moe)
+    if exchange != "all-reduce":
+        raise ValueError(f"expert exchange must be all-reduce or all-to-all, not {exchange!r}")
     exchange = DPExchange(dp, tp, tp_group) if dp > 1 else None
     model.dp_exchange = exchange
     for i, mlp in moe:

@@ -84,6 +84,10 @@ class Weights:
     def has(self, name: str) -> bool:
         return name in self.ckpt
 
+    def has_linear(self, base: str) -> bool:
+        """Whether the checkpoint holds the linear weight ``<base>.weight`` (or its MXFP4 ``weight_packed``)."""
+        return self.has(base + ".weight") or self.has(base + ".weight_packed")
+
     def raw(self, name: str) -> torch.Tensor:
         """A tensor as stored, on the target device."""
         self.used.add(name)

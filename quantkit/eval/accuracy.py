@@ -17,10 +17,13 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoint import Checkpoint
+from ..modelconfig import ModelConfig
+from ..modelshapes import verify
 from ..progress import Progress
 from .data import Windows, make_windows
 from .metrics import Accumulator, Summary
-from .reference import IMPLS, Runner, open_reference, read_config
+from .reference import IMPLS, Runner, open_reference
 
 OpenCandidate = Callable[[str, str, str, bool], Runner]  # (path, device, dtype, act_quant) -> runner
 
@@ -71,13 +74,18 @@ def engine_candidate(path: str, device: str, dtype: str, act_quant: bool) -> Run
     return EngineRunner(path, device, dtype, act_quant)
 
 
-def check_compatible(reference: str, candidates: Sequence[str]) -> dict:
-    """The reference config; an error naming the candidate whose architecture, vocabulary or depth differs."""
-    ref = read_config(reference)
-    keys = ("architectures", "vocab_size", "num_hidden_layers", "hidden_size")
+# what makes two checkpoints the same model, as quantkit.modelconfig reads it (so a transformers 4.x
+# config and a 5.x one of the same model agree whatever keys each writes)
+SAME_MODEL = ("family", "vocab", "layers", "hidden", "heads", "kv_heads", "head_dim", "experts")
+
+
+def check_compatible(reference: str, candidates: Sequence[str]) -> ModelConfig:
+    """The reference's config, each checkpoint's checked against its tensors; an error naming the
+    candidate whose family, vocabulary, depth or widths differ."""
+    ref = verify(Checkpoint(reference))
     for c in candidates:
-        cfg = read_config(c)
-        diff = [f"{k} {cfg.get(k)!r} vs {ref.get(k)!r}" for k in keys if cfg.get(k) != ref.get(k)]
+        mc = verify(Checkpoint(c))
+        diff = [f"{k} {getattr(mc, k)!r} vs {getattr(ref, k)!r}" for k in SAME_MODEL if getattr(mc, k) != getattr(ref, k)]
         if diff:
             raise ValueError(f"candidate {c} is not the reference's model: {'; '.join(diff)}")
     return ref
@@ -146,7 +154,7 @@ def evaluate(
         raise ValueError(f"--impl {impl!r}: choose one of {', '.join(IMPLS)}")
     t0 = time.perf_counter()
     cfg = check_compatible(reference, candidates)
-    win = make_windows(reference, data, tokens, ctx, int(cfg["vocab_size"]), seed)
+    win = make_windows(reference, data, tokens, ctx, cfg.vocab, seed)
     n_win = win.tokens.shape[0]
     results = []
     with tempfile.TemporaryDirectory(prefix="quantkit-eval-") as d, _progress((1 + len(candidates)) * n_win, progress) as bar:

@@ -16,13 +16,14 @@ give the same L+1 points.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import torch
+
+from ..checkpoint import load_json_object
 
 IMPLS = ("transformers", "gpt-oss", "engine")
 
@@ -43,7 +44,7 @@ def read_config(path: str | Path) -> dict:
     p = Path(path) / "config.json"
     if not p.exists():
         raise ValueError(f"{path}: no config.json")
-    return json.loads(p.read_text())
+    return load_json_object(p.read_bytes(), str(p), "the file")
 
 
 def _dequantize_config(cfg: dict, path: Path):

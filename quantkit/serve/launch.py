@@ -23,7 +23,8 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
           model_name: str | None = None, max_model_len: int | None = None, max_num_seqs: int = 64,
           max_num_batched_tokens: int = 2048, block_size: int = 16, kv_cache_gib: float | None = None,
           gpu_memory_utilization: float = 0.9, act_quant: bool = True, backend: str = "auto",
-          prefix_caching: bool = True, limits=None, dist_timeout_s: float = 300.0) -> Server | Worker:
+          prefix_caching: bool = True, limits=None, dist_timeout_s: float = 300.0,
+          ep_exchange: str = "all-reduce") -> Server | Worker:
     """Load the checkpoint and bind the server (not serving yet: ``serve()`` or ``start_background()``).
 
     KV cache: ``kv_cache_gib`` when given; otherwise on CUDA what ``gpu_memory_utilization`` of the
@@ -31,14 +32,16 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
     ``limits`` (a :class:`.server.Limits`): what one client may ask of the HTTP server (its defaults when None).
     A ``quantkit shard`` output is served expert (and tensor) parallel, one process per rank under torchrun
     (:mod:`.distributed`), each DP group with its own requests (:mod:`.dp`): rank 0 gets the Server, the
-    other ranks a :class:`Worker`.  ``dist_timeout_s`` bounds every wait of one rank for the others."""
+    other ranks a :class:`Worker`.  ``dist_timeout_s`` bounds every wait of one rank for the others;
+    ``ep_exchange``: how the MoE layers exchange tokens (all-reduce, or all-to-all dispatch and combine)."""
     from ..engine import parallel
     from ..engine.loader import load
     from . import distributed
 
     root, man, ctrl, rank, tp, dp = Path(ckpt), distributed.sharded_root(ckpt), None, 0, 1, 1
     if man is not None:
-        model, ctrl, rank, path = load_rank(root, man, device, dtype, act_quant, backend, dist_timeout_s, dp_groups=True)
+        model, ctrl, rank, path = load_rank(root, man, device, dtype, act_quant, backend, dist_timeout_s, dp_groups=True,
+                                            exchange=ep_exchange, max_num_seqs=max_num_seqs)
         tp = int(man["parallel"].get("tp", 1))
         dp = int(man["parallel"]["world_size"]) // tp
     else:
@@ -81,7 +84,7 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
 
 
 def load_rank(root: Path, man: dict, device: str, dtype: str, act_quant: bool = True, backend: str = "auto",
-              dist_timeout_s: float = 300.0, dp_groups: bool = False):
+              dist_timeout_s: float = 300.0, dp_groups: bool = False, exchange: str = "all-reduce", max_num_seqs: int = 64):
     """This process's rank of a ``quantkit shard`` output (torchrun's environment says which), joined to
     its process groups with its expert- and tensor-parallel layers attached: (model, gloo control group,
     rank, rank directory).  ``dp_groups``: each DP group runs its own tokens (serving), the MoE layers
@@ -95,7 +98,7 @@ def load_rank(root: Path, man: dict, device: str, dtype: str, act_quant: bool = 
     tp = int(man["parallel"].get("tp", 1))
     tp_group = parallel.tp_groups(world, tp) if tp > 1 else None
     model = load(path, dev, getattr(torch, dtype), act_quant=act_quant, backend=backend, rank_of_shard=True)
-    parallel.attach(model, world // tp if dp_groups else 1, tp, tp_group)
+    parallel.attach(model, world // tp if dp_groups else 1, tp, tp_group, exchange, max_num_seqs)
     if tp_group is not None:
         parallel.attach_tp(model, tp_group)
     return model, ctrl, rank, path

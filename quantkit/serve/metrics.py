@@ -3,6 +3,7 @@ under the ``quantkit:`` prefix)."""
 
 from __future__ import annotations
 
+from ..engine.ep_exchange import traffic
 from .scheduler import LLMEngine
 
 
@@ -30,4 +31,11 @@ def render(engine: LLMEngine, model_name: str) -> str:
     metric("e2e_request_latency_seconds_sum", "counter", "Sum of request latencies, arrival to finish.", [("", round(s.e2e_sum, 6))])
     metric("e2e_request_latency_seconds_count", "counter", "Requests in that sum.", [("", n)])
     metric("time_to_first_token_seconds_sum", "counter", "Sum of times to the first generated token.", [("", round(s.ttft_sum, 6))])
+    ep = traffic(engine.model)
+    if ep is not None:  # sharded serving with --ep-exchange all-to-all: this rank's (rank 0's) bytes
+        for phase in ("dispatch", "combine"):
+            for way in ("sent", "received"):
+                metric(f"ep_{phase}_bytes_{way}_total", "counter", f"Bytes rank 0 {way} in the MoE layers' all-to-all {phase}.",
+                       [(',rank="0"', ep[f"{phase}_{way}"])])
+        metric("ep_exchange_layer_calls_total", "counter", "MoE layer exchanges those bytes add up over.", [(',rank="0"', ep["layer_calls"])])
     return "\n".join(lines) + "\n"

@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..checkpoint import Checkpoint, TensorInfo
-from ..families import detect
+from ..modelconfig import ModelConfig
+from ..modelshapes import verify
 from . import geometry as geo
 from .layout import Parallel, ShardError
 from .placement import ExpertMap, load_stats, local_experts, place, read_load
-from .rules import EXPERT_RE, LAYER_RE, Rule, Table, expert_count, match, table
+from .rules import EXPERT_RE, LAYER_RE, Rule, match, table
 
 
 @dataclass(frozen=True)
@@ -80,18 +81,15 @@ def build(src: Checkpoint, par: Parallel, placement: str = "contiguous", expert_
     """Check every tensor against the family's table and the parallel sizes; plan every rank's pieces."""
     if src.layout != "root":
         raise ShardError(f"{src.root}: shard reads the HF root layout, not GPT-OSS's original/ folder")
-    try:
-        fam = detect(src.config, str(src.root / "config.json"))
-    except ValueError as e:
-        raise ShardError(str(e)) from None
-    tbl = table(fam.name)
+    mc = verify(src)  # the config read once, checked against the tensors
+    tbl = table(mc.family)
     rules = {n: match(tbl, n) for n in src.names()}
-    layers, n_exp = _moe_layers(src, tbl, rules)
+    layers, n_exp = _moe_layers(src, mc, rules)
     load = read_load(expert_load, layers, n_exp) if expert_load else None
     emap = place(placement, layers, n_exp, par.ep, load)
     stats = load_stats(emap, load, par.ep) if load else None
     groups = _Grouper(par)
-    splitter = _Splitter(src, par)
+    splitter = _Splitter(src, mc, par)
     for name, (rule, param) in rules.items():
         info = src.info(name)
         if rule.kind == "replicate":
@@ -105,7 +103,7 @@ def build(src: Checkpoint, par: Parallel, placement: str = "contiguous", expert_
         else:
             for ranks, piece in splitter.pieces(info, rule, param):
                 groups.add(ranks, piece)
-    return Plan(src, fam.name, par, placement, n_exp, emap, stats, groups.done())
+    return Plan(src, mc.family, par, placement, n_exp, emap, stats, groups.done())
 
 
 def _layer(name: str) -> int:
@@ -114,7 +112,7 @@ def _layer(name: str) -> int:
     return int(m.group(1))
 
 
-def _moe_layers(src: Checkpoint, tbl: Table, rules: dict[str, tuple[Rule, str]]) -> tuple[list[int], int]:
+def _moe_layers(src: Checkpoint, mc: ModelConfig, rules: dict[str, tuple[Rule, str]]) -> tuple[list[int], int]:
     """MoE layer ids (from the tensors) and the routed expert count (from the config, cross-checked)."""
     seen: dict[int, set[int]] = {}
     for name, (rule, _) in rules.items():
@@ -126,9 +124,9 @@ def _moe_layers(src: Checkpoint, tbl: Table, rules: dict[str, tuple[Rule, str]])
             seen.setdefault(_layer(name), set()).update(range(src.info(name).shape[0]))
     if not seen:
         return [], 0
-    n = expert_count(tbl, src.config)
-    if n is None:
-        raise ShardError(f"{src.root / 'config.json'}: routed experts present but none of {', '.join(tbl.experts_keys)} is set")
+    n = mc.experts
+    if n == 0:
+        raise ShardError(f"{src.root / 'config.json'}: routed expert tensors present but the config describes a dense model")
     for layer, ids in sorted(seen.items()):
         if ids != set(range(n)):
             extra = sorted(ids - set(range(n)))
@@ -178,8 +176,9 @@ class _Grouper:
 class _Splitter:
     """Column/row splits: one weight-space split per module, carried to its weight, bias and scales."""
 
-    def __init__(self, src: Checkpoint, par: Parallel) -> None:
+    def __init__(self, src: Checkpoint, mc: ModelConfig, par: Parallel) -> None:
         self.src = src
+        self.mc = mc
         self.par = par
         self.cache: dict[str, list[geo.Range]] = {}
 
@@ -219,9 +218,7 @@ class _Splitter:
             geo.check_scale_shape(s.name, s.shape, shape, blocks)
             block = max(block, blocks[0 if col else 1])
             block_label = "FP8-block 128x128 tiles" if blocks == (128, 128) else "MXFP8 1x32 blocks along K"
-        if rule.units and self.src.config.get(rule.units) is None:
-            raise ShardError(f"{self.src.root / 'config.json'}: {rule.units} is missing; {wname} is split by heads")
-        units = int(self.src.config[rule.units]) if rule.units else None
+        units = int(getattr(self.mc, rule.units)) if rule.units else None
         label = ("output rows" if col else "input columns") + (f" ({units} {'KV ' if rule.kv else ''}heads)" if units else "")
         ranges = geo.split(wname, label=label, size=size, units=units, kv=rule.kv, tp=self.par.tp,
                            ep=self.par.ep, block=block, block_label=block_label)

@@ -34,7 +34,7 @@ KINDS = ("replicate", "column", "row", "expert", "fused")
 class Rule:
     pattern: str  # regex over the module path (the name without its parameter suffix)
     kind: str
-    units: str | None = None  # config key counting the heads along the split dim (None: plain rows/cols)
+    units: str | None = None  # ModelConfig field counting the heads along the split dim (None: plain rows/cols)
     kv: bool = False  # KV heads: replicated when TP exceeds them
 
     def __post_init__(self) -> None:
@@ -46,7 +46,6 @@ class Rule:
 class Table:
     family: str
     rules: tuple[Rule, ...]
-    experts_keys: tuple[str, ...]  # config keys giving the routed expert count, first present wins
 
 
 # parameter suffixes of a module (none: GPT-OSS sinks); the fused-expert pattern carries its own
@@ -57,9 +56,9 @@ _L = r"model\.layers\.\d+\."
 _VOCAB = (Rule(r"model\.embed_tokens", "column"), Rule(r"lm_head", "column"))
 _NORMS = (Rule(_L + r"(input|post_attention)_layernorm", "replicate"), Rule(r"model\.norm", "replicate"))
 _QKVO = (
-    Rule(_L + r"self_attn\.q_proj", "column", "num_attention_heads"),
-    Rule(_L + r"self_attn\.(k|v)_proj", "column", "num_key_value_heads", kv=True),
-    Rule(_L + r"self_attn\.o_proj", "row", "num_attention_heads"),
+    Rule(_L + r"self_attn\.q_proj", "column", "heads"),
+    Rule(_L + r"self_attn\.(k|v)_proj", "column", "kv_heads", kv=True),
+    Rule(_L + r"self_attn\.o_proj", "row", "heads"),
 )
 _DENSE_MLP = (Rule(_L + r"mlp\.(gate|up)_proj", "column"), Rule(_L + r"mlp\.down_proj", "row"))
 
@@ -73,18 +72,18 @@ def register(t: Table) -> Table:
 
 register(Table("gpt-oss", (
     *_VOCAB, *_NORMS, *_QKVO,
-    Rule(_L + r"self_attn\.sinks", "column", "num_attention_heads"),  # one sink logit per q head
+    Rule(_L + r"self_attn\.sinks", "column", "heads"),  # one sink logit per q head
     Rule(_L + r"mlp\.router", "replicate"),
     Rule(_L + r"mlp\.experts\.(gate_up|down)_proj", "fused"),
-), ("num_local_experts",)))
+)))
 
 # DeepSeek-V3 inference/convert.py: embed/head/wq/wq_b/wkv_b/w1/w3 dim 0, wo/w2 dim 1, the rest
 # (wq_a, wkv_a, their norms, the router and its bias) replicated; experts given contiguously.
 register(Table("deepseek-v3", (
     *_VOCAB, *_NORMS,
-    Rule(_L + r"self_attn\.(q_proj|q_b_proj|kv_b_proj)", "column", "num_attention_heads"),
+    Rule(_L + r"self_attn\.(q_proj|q_b_proj|kv_b_proj)", "column", "heads"),
     Rule(_L + r"self_attn\.(q_a_proj|kv_a_proj_with_mqa|q_a_layernorm|kv_a_layernorm)", "replicate"),
-    Rule(_L + r"self_attn\.o_proj", "row", "num_attention_heads"),
+    Rule(_L + r"self_attn\.o_proj", "row", "heads"),
     Rule(_L + r"mlp\.gate", "replicate"),  # router weight and e_score_correction_bias
     Rule(_L + r"mlp\.experts\.\d+\.(gate|up|down)_proj", "expert"),
     Rule(_L + r"mlp\.shared_experts\.(gate|up)_proj", "column"),
@@ -93,7 +92,7 @@ register(Table("deepseek-v3", (
     # MTP layer (model.layers.61): its embedding and head split like embed_tokens / lm_head
     Rule(_L + r"(enorm|hnorm|eh_proj|shared_head\.norm)", "replicate"),
     Rule(_L + r"(embed_tokens|shared_head\.head)", "column"),
-), ("n_routed_experts",)))
+)))
 
 _QWEN = (
     *_VOCAB, *_NORMS, *_QKVO,
@@ -102,8 +101,8 @@ _QWEN = (
     Rule(_L + r"mlp\.experts\.\d+\.(gate|up|down)_proj", "expert"),
     *_DENSE_MLP,
 )
-register(Table("qwen3", _QWEN, ()))
-register(Table("qwen3-moe", _QWEN, ("num_experts", "num_local_experts")))
+register(Table("qwen3", _QWEN))
+register(Table("qwen3-moe", _QWEN))
 
 LAYER_RE = re.compile(r"model\.layers\.(\d+)\.")
 EXPERT_RE = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
@@ -124,10 +123,3 @@ def match(t: Table, name: str) -> tuple[Rule, str]:
         if m:
             return r, m.group("param").lstrip(".")
     raise ShardError(f"tensor {name!r}: no {t.family} shard rule covers it (unknown tensor for this family)")
-
-
-def expert_count(t: Table, config: dict) -> int | None:
-    for k in t.experts_keys:
-        if config.get(k) is not None:
-            return int(config[k])
-    return None

@@ -69,7 +69,7 @@ def test_transformers_reads_our_mxfp4_as_the_engine_does(synth, tmp_path) -> Non
             assert torch.equal(getattr(t, name).transpose(1, 2), mine.bfloat16()), f"layer {i} {name}"  # theirs [E, in, out]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3-moe"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen3-moe", "deepseek-v3"])
 def test_other_families_write_compressed_tensors_mxfp4(synth, tmp_path, family) -> None:
     pytest.importorskip("compressed_tensors")
     from compressed_tensors.quantization import QuantizationConfig
@@ -78,9 +78,9 @@ def test_other_families_write_compressed_tensors_mxfp4(synth, tmp_path, family) 
     q = json.loads((tmp_path / "o" / "config.json").read_text())["quantization_config"]
     assert q["format"] == "mxfp4-pack-quantized" and q["config_groups"]["group_0"]["input_activations"] is None
     QuantizationConfig.model_validate(q)  # the library accepts our config
-    h, (_, (n, k)) = header(tmp_path / "o"), header(synth(family))["model.layers.1.self_attn.q_proj.weight"]
-    assert h["model.layers.1.self_attn.q_proj.weight_packed"] == ("U8", [n, k // 2])
-    assert h["model.layers.1.self_attn.q_proj.weight_scale"] == ("U8", [n, k // 32])
+    h, (_, (n, k)) = header(tmp_path / "o"), header(synth(family))["model.layers.1.self_attn.o_proj.weight"]
+    assert h["model.layers.1.self_attn.o_proj.weight_packed"] == ("U8", [n, k // 2])
+    assert h["model.layers.1.self_attn.o_proj.weight_scale"] == ("U8", [n, k // 32])
     rep = run(tmp_path / "o", tmp_path / "bf16", to="bf16")
     assert rep["paths"]["mxfp4->bf16"]["exact_path"] is True
     judge = ct.dequantize(tmp_path / "o")  # compressed-tensors' reading of our bytes

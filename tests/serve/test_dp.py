@@ -7,12 +7,14 @@ every other process with a clear error; two ``torchrun --nnodes 2`` launches on 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import subprocess
 import sys
 import time
 import urllib.error
+import urllib.request
 
 import pytest
 import torch
@@ -146,3 +148,61 @@ def test_two_torchrun_nodes_on_loopback_serve_as_one(ckpt, model, tmp_path):
         for p in nodes:
             p.wait(timeout=60)  # both launches end (no rank left waiting)
             p.stderr.close()
+
+
+@contextlib.contextmanager
+def served(dst, extra: tuple[str, ...]):
+    """Four ranks serving ``dst`` (rank 0's URL); on leaving the block rank 0 gets SIGTERM and every rank
+    must exit 0."""
+    procs = launch(dst, 4, extra)
+    try:
+        yield url_of(procs[0])
+        procs[0].send_signal(signal.SIGTERM)
+        assert [p.wait(timeout=60) for p in procs] == [0] * 4
+    finally:
+        for p in procs:
+            p.kill()
+            p.stderr.close()
+
+
+@pytest.mark.parametrize("family,tp", CASES, ids=[f"{f}-dp{4 // t}-tp{t}" for f, t in CASES])
+def test_all_to_all_exchange_serves_the_whole_models_tokens(ckpt, model, tmp_path, family, tp):
+    """--ep-exchange all-to-all: prefill steps with variable splits, decode steps at fixed capacity (the
+    batch fits max_num_seqs), both giving the whole model's greedy tokens and echoed log-probs."""
+    dst, src, whole = sharded(ckpt, model, tmp_path, family, 4, tp)
+    with served(dst, ("--ep-exchange", "all-to-all", "--max-num-seqs", "8")) as url:
+        text = ModelText(src, whole.config)
+        body = {"prompt": PROMPTS, "max_tokens": N, "temperature": 0, "ignore_eos": True, "n": 2, "echo": True, "logprobs": 1}
+        check_choices(post(url + "/v1/completions", body), whole, text, {})
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+            metrics = r.read().decode()
+        got = {m.group(1): float(m.group(2)) for m in re.finditer(r'quantkit:ep_(\w+)_total\{[^}]*\} (\S+)', metrics)}
+        assert got["dispatch_bytes_sent"] > 0 and got["combine_bytes_received"] > 0 and got["exchange_layer_calls"] > 0, got
+
+
+def test_all_to_all_fp8_payload_keeps_the_served_numerics(ckpt, tmp_path):
+    """Activation quantization on (float32): DeepSeek-V3's fp8-block experts get their rows as E4M3 + 1x128
+    scales, quantized once by the sender. The judge is the whole model with the same quantization, on the
+    served sequence (prompt, then the generated tokens while they are the judge's greedy ones): every
+    log-prob agrees to float32 rounding (median below 1e-4) and, where a summation-order difference crosses
+    an E4M3 rounding boundary, within 0.2 nats (tests/serve/test_step_consistency.py states the same bound
+    for the single process)."""
+    from quantkit.engine import load, prefill_logits
+
+    src = ckpt("deepseek-v3")
+    whole = load(src, dtype=torch.float32, act_quant=True)
+    text = ModelText(src, whole.config)
+    dst = tmp_path / "ep2"
+    shard(src, dst, ep=4, tp=1)
+    with served(dst, ("--ep-exchange", "all-to-all", "--act-quant")) as url:
+        body = {"prompt": PROMPTS, "max_tokens": N, "temperature": 0, "ignore_eos": True, "echo": True, "logprobs": 0}
+        diffs = []
+        for p, c in zip(PROMPTS, post(url + "/v1/completions", body)["choices"]):
+            seq = p + judge(whole, p, {})[0]
+            strs = [text.token_str(t) for t in seq]
+            same = next((i for i, (a, b) in enumerate(zip(strs, c["logprobs"]["tokens"])) if a != b), len(seq))
+            assert same > len(p), (p, c["logprobs"]["tokens"])  # the prompt is echoed as sent
+            lp = torch.log_softmax(prefill_logits(whole, [seq])[0][:-1], -1).gather(1, torch.tensor(seq[1:]).view(-1, 1)).view(-1)
+            diffs += [abs(a - b) for a, b in zip(c["logprobs"]["token_logprobs"][1:same], lp.tolist())]
+        d = torch.tensor(diffs)
+        assert len(diffs) >= sum(len(p) - 1 for p in PROMPTS) and d.median() < 1e-4 and d.max() < 0.2, diffs

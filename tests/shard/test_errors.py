@@ -7,43 +7,52 @@ import json
 import pytest
 import torch
 
-from quantkit.checkpoint import Checkpoint
+from quantkit.checkpoint import Checkpoint, CheckpointError
 from quantkit.shard import Parallel, ShardError, build, shard
 from quantkit.shard.geometry import check_scale_shape, scale_blocks
 
 from .tiny import build as build_tiny
 from .tiny import write
 
-QWEN = {"architectures": ["Qwen3ForCausalLM"], "num_attention_heads": 2, "num_key_value_heads": 2}
-
-
-def _plan(tmp_path, tensors: dict, config: dict, ep: int = 2, tp: int = 2):
-    return build(Checkpoint(write(tmp_path / "src", tensors, config)), Parallel.make(ep, tp))
+def _edited(tmp_path, family: str, fmt: str, tensors: dict, config: dict | None = None):
+    """The tiny ``family`` checkpoint in ``fmt`` with ``tensors`` replaced (None: removed) and ``config`` merged in."""
+    src = Checkpoint(build_tiny(family, fmt, tmp_path / "whole"))
+    ts = {n: src.get(n) for n in src.names()}
+    for n, t in tensors.items():
+        if t is None:
+            del ts[n]
+        else:
+            ts[n] = t
+    return Checkpoint(write(tmp_path / "src", ts, src.config | (config or {})))
 
 
 def test_scale_without_weight(tmp_path):
-    t = {"model.layers.0.mlp.down_proj.weight_scale_inv": torch.ones(2, 2)}
-    with pytest.raises(ShardError, match="down_proj.weight_scale_inv: a block scale without its weight"):
-        _plan(tmp_path, t, QWEN)
+    """The config check finds the weight missing before any split is planned."""
+    ck = _edited(tmp_path, "qwen3", "fp8-block", {"model.layers.0.mlp.down_proj.weight": None})
+    with pytest.raises(CheckpointError, match="tensor 'model.layers.0.mlp.down_proj.weight' is missing; the config implies"):
+        build(ck, Parallel.make(2, 2))
 
 
 def test_scale_that_does_not_fit_its_weight(tmp_path):
-    t = {"model.layers.0.mlp.down_proj.weight": torch.zeros(256, 256, dtype=torch.float8_e4m3fn),
-         "model.layers.0.mlp.down_proj.weight_scale_inv": torch.ones(2, 3)}
-    with pytest.raises(ShardError, match=r"scale shape \[2, 3\] does not fit weight \[256, 256\] in 128x128 blocks \(expected \[2, 2\]\)"):
-        _plan(tmp_path, t, QWEN)
+    ck = _edited(tmp_path, "qwen3-moe", "fp8-block", {"model.layers.0.self_attn.o_proj.weight_scale_inv": torch.ones(2, 3)})
+    with pytest.raises(ShardError, match=r"scale shape \[2, 3\] does not fit weight \[256, 512\] in 128x128 blocks \(expected \[2, 4\]\)"):
+        build(ck, Parallel.make(2, 2))
 
 
 def test_heads_missing_from_config(tmp_path):
-    t = {"model.layers.0.self_attn.k_proj.weight": torch.zeros(128, 64, dtype=torch.bfloat16)}
-    with pytest.raises(ShardError, match="num_key_value_heads is missing; model.layers.0.self_attn.k_proj.weight is split by heads"):
-        _plan(tmp_path, t, {"architectures": ["Qwen3ForCausalLM"]})
+    src = build_tiny("qwen3", "bf16", tmp_path / "src")
+    cfg = json.loads((src / "config.json").read_text())
+    del cfg["num_attention_heads"]
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="num_attention_heads is missing; a qwen3 config needs it"):
+        build(Checkpoint(src), Parallel.make(2, 2))
 
 
 def test_uneven_vocab(tmp_path):
-    t = {"model.embed_tokens.weight": torch.zeros(15, 8, dtype=torch.bfloat16)}
+    odd = torch.zeros(15, 256, dtype=torch.bfloat16)
+    ck = _edited(tmp_path, "qwen3", "bf16", {"model.embed_tokens.weight": odd, "lm_head.weight": odd}, {"vocab_size": 15})
     with pytest.raises(ShardError, match="model.embed_tokens.weight: output rows 15 / tp 2 is not a whole number"):
-        _plan(tmp_path, t, QWEN)
+        build(ck, Parallel.make(2, 2))
 
 
 def test_scale_dtype_and_mx_k():
@@ -57,11 +66,11 @@ def test_missing_experts(tmp_path):
     src = build_tiny("deepseek-v3", "bf16", tmp_path / "src")
     cfg = json.loads((src / "config.json").read_text())
     (src / "config.json").write_text(json.dumps(cfg | {"n_routed_experts": 16}))
-    with pytest.raises(ShardError, match="layer 1 has only 8 of 16 experts"):
+    with pytest.raises(CheckpointError, match=r"'model.layers.1.mlp.gate.weight' has shape \[8, 256\]; the config implies \[16, 256\]"):
         build(Checkpoint(src), Parallel.make(2))
     del cfg["n_routed_experts"]
     (src / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ShardError, match="routed experts present but none of n_routed_experts is set"):
+    with pytest.raises(CheckpointError, match="n_routed_experts / num_local_experts is missing"):
         build(Checkpoint(src), Parallel.make(2))
 
 

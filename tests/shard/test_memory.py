@@ -13,21 +13,28 @@ from quantkit.writer import CheckpointWriter, TensorSpec, plan_shards
 
 MB = 1 << 20
 ROWS, COLS = 4096, 1024  # one MLP weight: 4096 x 1024 BF16 = 8 MiB
-LAYERS = 4  # 12 such weights: 96 MiB of model
+LAYERS = 4  # 12 such weights: 96 MiB of model (and 32 MiB of attention)
 
 
 def _write_model(dst) -> int:
-    specs = [TensorSpec("model.embed_tokens.weight", torch.bfloat16, (512, COLS)), TensorSpec("model.norm.weight", torch.bfloat16, (COLS,))]
+    """A whole Qwen3 of 4 layers (hidden 1024, MLP 4096, 8 heads of 128) whose MLP weights are the largest tensors."""
+    b = torch.bfloat16
+    specs = [TensorSpec("model.embed_tokens.weight", b, (512, COLS)), TensorSpec("model.norm.weight", b, (COLS,)),
+             TensorSpec("lm_head.weight", b, (512, COLS))]
     for i in range(LAYERS):
         p = f"model.layers.{i}"
-        specs += [TensorSpec(f"{p}.mlp.gate_proj.weight", torch.bfloat16, (ROWS, COLS)),
-                  TensorSpec(f"{p}.mlp.up_proj.weight", torch.bfloat16, (ROWS, COLS)),
-                  TensorSpec(f"{p}.mlp.down_proj.weight", torch.bfloat16, (COLS, ROWS))]
+        specs += [TensorSpec(f"{p}.{n}.weight", b, (COLS,)) for n in ("input_layernorm", "post_attention_layernorm")]
+        specs += [TensorSpec(f"{p}.self_attn.{n}_proj.weight", b, (COLS, COLS)) for n in "qkvo"]
+        specs += [TensorSpec(f"{p}.self_attn.{n}_norm.weight", b, (128,)) for n in "qk"]
+        specs += [TensorSpec(f"{p}.mlp.gate_proj.weight", b, (ROWS, COLS)),
+                  TensorSpec(f"{p}.mlp.up_proj.weight", b, (ROWS, COLS)),
+                  TensorSpec(f"{p}.mlp.down_proj.weight", b, (COLS, ROWS))]
     w = CheckpointWriter(dst)
     plans = plan_shards(specs, 32 * MB)
     for p in plans:
         w.write(p, (torch.full(s.shape, i % 7, dtype=s.dtype) for i, s in enumerate(p.specs)))
-    cfg = {"architectures": ["Qwen3ForCausalLM"], "num_attention_heads": 8, "num_key_value_heads": 8}
+    cfg = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": COLS, "intermediate_size": ROWS, "num_hidden_layers": LAYERS,
+           "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 512}
     w.finish(plans, cfg, {})
     return sum(s.nbytes for s in specs)
 
@@ -48,8 +55,10 @@ PROBE = textwrap.dedent("""
             time.sleep(0.001)
     t = threading.Thread(target=sample)
     t.start()
-    shard(sys.argv[1], sys.argv[2], ep=2, tp=2)
-    done.append(1)
+    try:
+        shard(sys.argv[1], sys.argv[2], ep=2, tp=2)
+    finally:
+        done.append(1)
     t.join()
     print(json.dumps({"base": base, "peak": peak[0]}))
 """)

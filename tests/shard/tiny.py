@@ -46,11 +46,12 @@ def fused(prefix: str, out: int, inp: int, fmt: str, proj: str) -> dict[str, tup
     return t
 
 
-def _attn(p: str, fmt: str, q_rows: int, bias: bool) -> dict[str, tuple]:
-    t = linear(f"{p}.q_proj", q_rows, H, fmt) | linear(f"{p}.k_proj", KV * HD, H, fmt)
-    t |= linear(f"{p}.v_proj", KV * HD, H, fmt) | linear(f"{p}.o_proj", H, q_rows, fmt)
+def _attn(p: str, fmt: str, hd: int, bias: bool) -> dict[str, tuple]:
+    q_rows, kv_rows = HEADS * hd, KV * hd
+    t = linear(f"{p}.q_proj", q_rows, H, fmt) | linear(f"{p}.k_proj", kv_rows, H, fmt)
+    t |= linear(f"{p}.v_proj", kv_rows, H, fmt) | linear(f"{p}.o_proj", H, q_rows, fmt)
     if bias:
-        t |= {f"{p}.{x}_proj.bias": (BF16, (r,)) for x, r in (("q", q_rows), ("k", KV * HD), ("v", KV * HD), ("o", H))}
+        t |= {f"{p}.{x}_proj.bias": (BF16, (r,)) for x, r in (("q", q_rows), ("k", kv_rows), ("v", kv_rows), ("o", H))}
     return t
 
 
@@ -70,12 +71,12 @@ def gpt_oss(fmt: str) -> tuple[dict, dict]:
     t = _common(2)
     for i in range(2):
         p = f"model.layers.{i}"
-        t |= _attn(f"{p}.self_attn", lin, HEADS * HD, bias=True) | {f"{p}.self_attn.sinks": (BF16, (HEADS,))}
+        t |= _attn(f"{p}.self_attn", lin, HD, bias=True) | {f"{p}.self_attn.sinks": (BF16, (HEADS,))}
         t |= {f"{p}.mlp.router.weight": (BF16, (E, H)), f"{p}.mlp.router.bias": (BF16, (E,))}
         t |= fused(f"{p}.mlp.experts", 2 * H, H, fmt, "gate_up_proj") | fused(f"{p}.mlp.experts", H, H, fmt, "down_proj")
     cfg = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": H, "num_hidden_layers": 2,
            "num_attention_heads": HEADS, "num_key_value_heads": KV, "head_dim": HD, "num_local_experts": E,
-           "intermediate_size": H, "vocab_size": VOCAB}
+           "num_experts_per_tok": 4, "intermediate_size": H, "vocab_size": VOCAB}
     return t, cfg
 
 
@@ -92,15 +93,15 @@ def deepseek(fmt: str) -> tuple[dict, dict]:
             t |= _mlp(m, 512, lin)
             continue
         t |= {f"{m}.gate.weight": (BF16, (E, H)), f"{m}.gate.e_score_correction_bias": (F32, (E,))}
-        t |= _mlp(f"{m}.shared_experts", 256, lin)  # 128-tile aligned at TP 2
+        t |= _mlp(f"{m}.shared_experts", 256, lin)  # two shared experts of 128: 128-tile aligned at TP 2
         for e in range(E):
             t |= _mlp(f"{m}.experts.{e}", 128, lin)
     mtp = "model.layers.2"
     t |= {f"{mtp}.{n}.weight": (BF16, (H,)) for n in ("enorm", "hnorm", "shared_head.norm")}
     t |= {f"{mtp}.eh_proj.weight": (BF16, (H, 2 * H)), f"{mtp}.embed_tokens.weight": (BF16, (VOCAB, H)), f"{mtp}.shared_head.head.weight": (BF16, (VOCAB, H))}
     cfg = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": H, "num_hidden_layers": 2,
-           "num_attention_heads": HEADS, "num_key_value_heads": HEADS, "n_routed_experts": E, "n_shared_experts": 1,
-           "first_k_dense_replace": 1, "num_nextn_predict_layers": 1, "q_lora_rank": q_lora, "kv_lora_rank": kv_lora,
+           "num_attention_heads": HEADS, "num_key_value_heads": HEADS, "n_routed_experts": E, "n_shared_experts": 2,
+           "num_experts_per_tok": 2, "intermediate_size": 512, "moe_intermediate_size": 128, "first_k_dense_replace": 1, "num_nextn_predict_layers": 1, "q_lora_rank": q_lora, "kv_lora_rank": kv_lora,
            "qk_nope_head_dim": nope, "qk_rope_head_dim": rope, "v_head_dim": v, "vocab_size": VOCAB}
     return t, cfg
 
@@ -108,10 +109,10 @@ def deepseek(fmt: str) -> tuple[dict, dict]:
 def qwen(fmt: str, moe: bool) -> tuple[dict, dict]:
     lin = "bf16" if fmt == "source" else fmt
     t = _common(2)
-    q_rows = HEADS * 128 if moe else HEADS * HD  # Qwen3-MoE: q wider than hidden
+    hd = 128 if moe else HD  # Qwen3-MoE: q wider than hidden
     for i in range(2):
         a, m = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
-        t |= _attn(a, lin, q_rows, bias=False) | {f"{a}.{n}.weight": (BF16, (q_rows // HEADS,)) for n in ("q_norm", "k_norm")}
+        t |= _attn(a, lin, hd, bias=False) | {f"{a}.{n}.weight": (BF16, (hd,)) for n in ("q_norm", "k_norm")}
         if moe:
             t |= {f"{m}.gate.weight": (BF16, (E, H))}
             for e in range(E):
@@ -119,9 +120,11 @@ def qwen(fmt: str, moe: bool) -> tuple[dict, dict]:
         else:
             t |= _mlp(m, 512, lin)
     cfg = {"architectures": ["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"], "hidden_size": H, "num_hidden_layers": 2,
-           "num_attention_heads": HEADS, "num_key_value_heads": KV, "head_dim": q_rows // HEADS, "vocab_size": VOCAB}
+           "num_attention_heads": HEADS, "num_key_value_heads": KV, "head_dim": hd, "vocab_size": VOCAB}
     if moe:
-        cfg |= {"num_experts": E, "moe_intermediate_size": 128}
+        cfg |= {"num_experts": E, "num_experts_per_tok": 2, "moe_intermediate_size": 128}
+    else:
+        cfg |= {"intermediate_size": 512}
     return t, cfg
 
 

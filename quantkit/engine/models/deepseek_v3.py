@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...modelconfig import ModelConfig
 from ..batch import Batch
 from ..kv_cache import KVCache
 from ..layers.mla import MLA
@@ -32,9 +33,11 @@ from ..weights import Weights, setting
 LORA_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: default eps in both references, not rms_norm_eps
 
 
-def _attn(cfg: dict, w: Weights, a: str, i: int, rope: Rope) -> MLA:
-    nope, rdim = setting(cfg, "qk_nope_head_dim"), setting(cfg, "qk_rope_head_dim")
-    lora = w.has(a + "q_a_proj.weight")
+def _attn(mc: ModelConfig, w: Weights, a: str, i: int, rope: Rope) -> MLA:
+    m = mc.mla
+    assert m is not None
+    nope, rdim = m.nope, m.rope
+    lora = m.q_lora is not None
     return MLA(
         i,
         q_proj=None if lora else w.linear(a + "q_proj"),
@@ -46,12 +49,12 @@ def _attn(cfg: dict, w: Weights, a: str, i: int, rope: Rope) -> MLA:
         kv_b_proj=w.linear(a + "kv_b_proj"),
         o_proj=w.linear(a + "o_proj"),
         rope=rope,
-        num_heads=setting(cfg, "num_attention_heads"),
+        num_heads=mc.heads,
         qk_nope_head_dim=nope,
         qk_rope_head_dim=rdim,
-        v_head_dim=setting(cfg, "v_head_dim"),
-        kv_lora_rank=setting(cfg, "kv_lora_rank"),
-        scale=mla_softmax_scale(rope_parameters(cfg), nope + rdim),
+        v_head_dim=m.v,
+        kv_lora_rank=m.kv_lora,
+        scale=mla_softmax_scale(rope_parameters(mc.raw), nope + rdim),
         ops=w.ops,
     )
 
@@ -60,10 +63,11 @@ def _mlp(w: Weights, p: str) -> MLP:
     return MLP(*(w.linear(p + f"{x}_proj") for x in ("gate", "up", "down")))
 
 
-def _moe(cfg: dict, w: Weights, p: str) -> MoE:
+def _moe(mc: ModelConfig, w: Weights, p: str) -> MoE:
+    cfg = mc.raw
     if setting(cfg, "scoring_func", default="sigmoid") != "sigmoid":
         raise ValueError(f"DeepSeek scoring_func {cfg['scoring_func']!r} is not supported (sigmoid)")
-    e = [f"{p}experts.{j}." for j in w.expert_ids(p, setting(cfg, "n_routed_experts", "num_local_experts"))]
+    e = [f"{p}experts.{j}." for j in w.expert_ids(p, mc.experts)]
     experts = Experts(
         w.stacked([x + "down_proj" for x in e]),
         gate=w.stacked([x + "gate_proj" for x in e]),
@@ -71,24 +75,23 @@ def _moe(cfg: dict, w: Weights, p: str) -> MoE:
     )
     routing = Routing(
         "grouped_sigmoid",
-        setting(cfg, "num_experts_per_tok"),
+        mc.top_k,
         bool(setting(cfg, "norm_topk_prob", default=True)),
         setting(cfg, "n_group", default=1),
         setting(cfg, "topk_group", default=1),
         float(setting(cfg, "routed_scaling_factor", default=1.0)),
     )
     router = Router(w.raw(p + "gate.weight"), routing, correction_bias=w.opt(p + "gate.e_score_correction_bias", torch.float32))
-    shared = _mlp(w, p + "shared_experts.") if setting(cfg, "n_shared_experts", default=0) else None
+    shared = _mlp(w, p + "shared_experts.") if mc.shared_experts else None
     return MoE(router, experts, shared)
 
 
-def _layer(cfg: dict, w: Weights, i: int, rope: Rope) -> DecoderLayer:
+def _layer(mc: ModelConfig, w: Weights, i: int, rope: Rope) -> DecoderLayer:
     p = f"model.layers.{i}."
-    eps = setting(cfg, "rms_norm_eps", default=1e-6)
-    dense = i < setting(cfg, "first_k_dense_replace", default=0)
-    mlp = _mlp(w, p + "mlp.") if dense else _moe(cfg, w, p + "mlp.")
+    eps = setting(mc.raw, "rms_norm_eps", default=1e-6)
+    mlp = _moe(mc, w, p + "mlp.") if mc.sparse[i] else _mlp(w, p + "mlp.")
     norms = (w.norm(p + "input_layernorm.weight", eps), w.norm(p + "post_attention_layernorm.weight", eps))
-    return DecoderLayer(_attn(cfg, w, p + "self_attn.", i, rope), mlp, *norms)
+    return DecoderLayer(_attn(mc, w, p + "self_attn.", i, rope), mlp, *norms)
 
 
 class MTP(nn.Module):
@@ -105,24 +108,25 @@ class MTP(nn.Module):
         return self.head(self.norm(h)).to(torch.float32)
 
 
-def _mtp(cfg: dict, w: Weights, rope: Rope, main_embed: torch.Tensor, main_head: Linear) -> MTP | None:
-    n = setting(cfg, "num_hidden_layers")
+def _mtp(mc: ModelConfig, w: Weights, rope: Rope, main_embed: torch.Tensor, main_head: Linear) -> MTP | None:
+    n = mc.layers
     p = f"model.layers.{n}."
-    if not w.has(p + "eh_proj.weight"):
+    if not w.has_linear(p + "eh_proj"):
         return None
-    eps = setting(cfg, "rms_norm_eps", default=1e-6)
+    eps = setting(mc.raw, "rms_norm_eps", default=1e-6)
     embed = w.get(p + "embed_tokens.weight") if w.has(p + "embed_tokens.weight") else main_embed
-    head = w.linear(p + "shared_head.head") if w.has(p + "shared_head.head.weight") else main_head
+    head = w.linear(p + "shared_head.head") if w.has_linear(p + "shared_head.head") else main_head
     return MTP(
         embed, w.norm(p + "enorm.weight", eps), w.norm(p + "hnorm.weight", eps), w.linear(p + "eh_proj"),
-        _layer(cfg, w, n, rope), w.norm(p + "shared_head.norm.weight", eps), head,
+        _layer(mc, w, n, rope), w.norm(p + "shared_head.norm.weight", eps), head,
     )
 
 
-def build(cfg: dict, w: Weights) -> CausalLM:
+def build(mc: ModelConfig, w: Weights) -> CausalLM:
+    cfg = mc.raw
     style = "interleaved" if setting(cfg, "rope_interleave", default=True) else "half"
-    rope = Rope(setting(cfg, "qk_rope_head_dim"), rope_parameters(cfg), style)
-    layers = [_layer(cfg, w, i, rope) for i in range(setting(cfg, "num_hidden_layers"))]
+    rope = Rope(mc.head_dim, rope_parameters(cfg), style)
+    layers = [_layer(mc, w, i, rope) for i in range(mc.layers)]
     embed, head = w.get("model.embed_tokens.weight"), w.lm_head(cfg)
     norm = w.norm("model.norm.weight", setting(cfg, "rms_norm_eps", default=1e-6))
-    return CausalLM("deepseek-v3", cfg, embed, layers, norm, head, w.dtype, mtp=_mtp(cfg, w, rope, embed, head))
+    return CausalLM("deepseek-v3", cfg, embed, layers, norm, head, w.dtype, mtp=_mtp(mc, w, rope, embed, head))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ...modelconfig import ModelConfig
 from ..layers.attention import Attention
 from ..layers.moe import Experts, MoE, Router, Routing
 from ..layers.rope import Rope, rope_parameters
@@ -20,7 +21,8 @@ def _layer_types(cfg: dict, n: int) -> list[str]:
     return cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
 
 
-def _moe(cfg: dict, w: Weights, p: str) -> MoE:
+def _moe(mc: ModelConfig, w: Weights, p: str) -> MoE:
+    cfg = mc.raw
     e = p + "mlp.experts."
     experts = Experts(
         w.fused(e + "down_proj"),
@@ -31,19 +33,18 @@ def _moe(cfg: dict, w: Weights, p: str) -> MoE:
         alpha=setting(cfg, "swiglu_alpha", default=1.702),
         limit=setting(cfg, "swiglu_limit", default=7.0),
     )
-    routing = Routing("topk_softmax", setting(cfg, "num_experts_per_tok", "experts_per_token"))
+    routing = Routing("topk_softmax", mc.top_k)
     router = Router(w.raw(p + "mlp.router.weight"), routing, bias=w.raw(p + "mlp.router.bias"))
     return MoE(router, experts)
 
 
-def build(cfg: dict, w: Weights) -> CausalLM:
-    n_layers = setting(cfg, "num_hidden_layers")
-    heads, kv_heads = setting(cfg, "num_attention_heads"), setting(cfg, "num_key_value_heads")
-    head_dim = setting(cfg, "head_dim", default=setting(cfg, "hidden_size") // heads)
+def build(mc: ModelConfig, w: Weights) -> CausalLM:
+    cfg, n_layers = mc.raw, mc.layers
+    heads, kv_heads, head_dim = mc.heads, mc.kv_heads, mc.head_dim
     eps = setting(cfg, "rms_norm_eps", default=1e-5)
     rope = Rope(head_dim, rope_parameters(cfg, DEFAULT_THETA), "half")
     types, window = _layer_types(cfg, n_layers), setting(cfg, "sliding_window", default=None)
-    bias = bool(setting(cfg, "attention_bias", default=True))
+    bias = mc.attention_bias
     layers = []
     for i in range(n_layers):
         p = f"model.layers.{i}."
@@ -56,6 +57,6 @@ def build(cfg: dict, w: Weights) -> CausalLM:
             ops=w.ops,
         )
         norms = (w.norm(p + "input_layernorm.weight", eps, "f32"), w.norm(p + "post_attention_layernorm.weight", eps, "f32"))
-        layers.append(DecoderLayer(attn, _moe(cfg, w, p), *norms))
+        layers.append(DecoderLayer(attn, _moe(mc, w, p), *norms))
     embed = w.get("model.embed_tokens.weight")
     return CausalLM("gpt-oss", cfg, embed, layers, w.norm("model.norm.weight", eps, "f32"), w.lm_head(cfg), w.dtype)

@@ -165,10 +165,7 @@ def served(dst, extra: tuple[str, ...]):
             p.stderr.close()
 
 
-A2A_CASES = [("qwen3-moe", 1), ("gpt-oss", 2)]
-
-
-@pytest.mark.parametrize("family,tp", A2A_CASES, ids=[f"{f}-dp{4 // t}-tp{t}" for f, t in A2A_CASES])
+@pytest.mark.parametrize("family,tp", CASES, ids=[f"{f}-dp{4 // t}-tp{t}" for f, t in CASES])
 def test_all_to_all_exchange_serves_the_whole_models_tokens(ckpt, model, tmp_path, family, tp):
     """--ep-exchange all-to-all: prefill steps with variable splits, decode steps at fixed capacity (the
     batch fits max_num_seqs), both giving the whole model's greedy tokens and echoed log-probs."""

@@ -20,8 +20,9 @@ Two ways to size the exchange:
 * variable splits (prefill): the row counts are exchanged first (one small all-to-all), then the
   payload with those split sizes: bytes are exactly the routed pairs';
 * fixed capacity (decode): every (source, destination) pair has ``capacity`` rows; unused rows carry
-  expert ids -1 and are skipped by the receiver, so no count is exchanged and the exchange itself
-  needs no host synchronisation (a decode step's token count is bounded by ``max_num_seqs``).
+  expert ids -1, and the receiver runs every received slot (a slot not its own at weight 0), so no
+  count is exchanged and no shape depends on the routing: nothing waits for the host (a decode
+  step's token count is bounded by ``max_num_seqs``).
 
 The all-reduce design (:class:`.parallel.ExpertParallel`: every rank sees every token, one
 float32 all-reduce of [T, H]) stays the alternative; :meth:`AllToAll.bytes` and
@@ -128,7 +129,7 @@ class AllToAll:
         even = [c] * self.world
         sent = [scatter(p, 0) for p in payload.wire()] + [scatter(ids, -1, per_dest=True), scatter(weights, 0.0)]
         got = [self._send(s, even, even, "dispatch") for s in sent]
-        back = self._send(self._local(experts, payload.like(got[:-2]), *got[-2:]), even, even, "combine")  # float32 [n, H]
+        back = self._send(self._local_fixed(experts, payload.like(got[:-2]), *got[-2:]), even, even, "combine")  # float32 [n, H]
         back = torch.cat((back, back.new_zeros(1, back.shape[1])))[at]  # [T, W, H], zeros where nothing was sent
         return back.sum(1)  # ascending destination rank
 
@@ -153,6 +154,19 @@ class AllToAll:
             y = experts(x, ones, local[tok, slot, None]) if x_q is None else experts(x, ones, local[tok, slot, None], x_q=x_q)
             out.index_add_(0, tok, y.to(torch.float32) * w[tok, slot, None].to(torch.float32))
         return out
+
+    def _local_fixed(self, experts, payload: Payload, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """:meth:`_local` in fixed shapes: every received slot runs as a one-slot row (a slot of another rank,
+        or of an unused row, on local expert 0 with weight 0), so nothing here waits for the host."""
+        n, k = ids.shape
+        local = torch.where(ids >= 0, self.g2l.to(ids.device)[ids.clamp_min(0)], -1)  # [n, k]
+        rows = torch.arange(n, device=ids.device).repeat_interleave(k)  # [n * k]: row of each slot
+        x, x_q = payload.rows(rows)
+        ones = torch.ones((n * k, 1), dtype=w.dtype, device=w.device)
+        slot_ids = local.clamp_min(0).view(-1, 1)
+        y = experts(x, ones, slot_ids) if x_q is None else experts(x, ones, slot_ids, x_q=x_q)  # [n * k, H]
+        weight = torch.where(local >= 0, w.to(torch.float32), 0.0).view(-1, 1)
+        return (y.to(torch.float32) * weight).view(n, k, -1).sum(1)  # slots ascending, float32
 
 
 @dataclass

@@ -52,12 +52,11 @@ def stop_workers(group) -> None:
 
 def worker_loop(model, cache, group, rank: int, tp: int) -> int:
     """Ranks > 0: replay rank 0's steps (:class:`.dp.DPEngine`) on this rank's model and its group's cache
-    until rank 0 stops; the steps that had tokens of this rank's group (the cache's blocks still held
-    are then ``cache.num_blocks - len(cache.free_blocks)``).  A failed collective (rank 0 or another rank gone, or past the
-    process group's timeout) raises :class:`.dp.RanksLost`."""
+    until rank 0 stops; the steps that had tokens of this rank's group.  A failed collective (rank 0 or
+    another rank gone, or past the process group's timeout) raises :class:`.dp.RanksLost`."""
     from .dp import RanksLost
 
-    d, leader = divmod(rank, tp)[0], rank % tp == 0  # this rank's DP group; its first rank answers rank 0
+    d, leader = rank // tp, rank % tp == 0  # this rank's DP group; its first rank answers rank 0
     head_collective = isinstance(model.lm_head, VocabParallelHead)  # else the group's first rank alone needs logits
     steps = 0
     with torch.no_grad():

@@ -61,10 +61,6 @@ def launch(dst, world: int, extra: tuple[str, ...] = ()) -> list[subprocess.Pope
             for r in range(world)]
 
 
-CASES = [("qwen3-moe", 2, 1), ("gpt-oss", 2, 1), ("deepseek-v3", 2, 1),  # expert parallel
-         ("qwen3-moe", 2, 2), ("gpt-oss", 4, 2), ("deepseek-v3", 2, 2)]  # + tensor parallel (gpt-oss: 2 DP groups of TP 2)
-
-
 def post(url: str, body: dict) -> dict:
     with urllib.request.urlopen(urllib.request.Request(url, json.dumps(body).encode()), timeout=120) as r:
         return json.loads(r.read())

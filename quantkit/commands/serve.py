@@ -99,12 +99,12 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
         click.echo(f"rank {server.rank}: holding its share of the model, following rank 0", err=True)
         try:
             steps = server.serve()
-            held = server.cache.num_blocks - len(server.cache.free_blocks)
-            click.echo(f"rank {server.rank}: stopped after {steps} steps with its group's tokens, {held} KV blocks held", err=True)
         except EngineBroken as e:
-            raise click.ClickException(str(e)) from None
-        finally:
             _leave_group()
+            raise click.ClickException(str(e)) from None
+        held = server.cache.num_blocks - len(server.cache.free_blocks)
+        click.echo(f"rank {server.rank}: stopped after {steps} steps with its group's tokens, {held} KV blocks held", err=True)
+        _exit_sharded()
         return
     server.api_key = api_key
     eng = server.engine
@@ -115,10 +115,12 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
     except KeyboardInterrupt:
         pass
     except EngineBroken as e:
-        raise click.ClickException(str(e)) from None
-    finally:
         server.server_close()
         _leave_group()
+        raise click.ClickException(str(e)) from None
+    server.server_close()
+    if server.ctrl is not None:
+        _exit_sharded()
 
 
 def _need_http_extra() -> None:
@@ -129,6 +131,18 @@ def _need_http_extra() -> None:
     if missing:
         raise click.ClickException(f"`quantkit serve` needs {', '.join(missing)}: pip install 'quantkit[serve]' "
                                    "(from a checkout: pip install -e '.[serve]')")
+
+
+def _exit_sharded() -> None:
+    """A sharded rank that stopped cleanly (the stop message sent or received) exits 0 at once: tearing down
+    gloo's and NCCL's groups, or letting the interpreter finalize them, could abort the process (SIGABRT seen
+    from rank 0 after SIGTERM, once in many runs), and nothing is left to release but the process itself."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _leave_group() -> None:

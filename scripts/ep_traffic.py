@@ -21,12 +21,15 @@ model's routing; prints a markdown table (max over ranks, mean over layers, KiB)
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 from pathlib import Path
 
 import torch
 
 from quantkit.engine.ep_exchange import all_reduce_bytes, destination_slots, row_bytes
+
+DECODE_PROMPT = 16  # tokens per decode prompt: its last one is the row a decode step routes
 
 
 def routing(ckpt: Path, prompts: list[list[int]]) -> list[torch.Tensor]:
@@ -76,15 +79,11 @@ def main() -> None:
 
             ckpt = Path(tmp) / "ds-e16"
             synthesize("deepseek-v3", ckpt, preset="tiny-e16")
-        import json
-
         experts = int(json.loads((ckpt / "config.json").read_text())["n_routed_experts"])
         g = torch.Generator().manual_seed(0)
-        decode = routing(ckpt, [torch.randint(0, 1900, (16,), generator=g).tolist() for _ in range(args.decode_tokens)])
+        decode = routing(ckpt, [torch.randint(0, 1900, (DECODE_PROMPT,), generator=g).tolist() for _ in range(args.decode_tokens)])
         prefill = routing(ckpt, [torch.randint(0, 1900, (args.prefill_tokens,), generator=g).tolist()])
-    # decode keeps only each prompt's last token (the row a decode step would route)
-    lens = 16
-    decode = [ids.view(args.decode_tokens, lens, -1)[:, -1] for ids in decode]
+    decode = [ids.view(args.decode_tokens, DECODE_PROMPT, -1)[:, -1] for ids in decode]
     print(f"| step | tokens | EP | a2a variable KiB | a2a fixed KiB | all-reduce KiB | a2a / all-reduce |")
     print("|---|---|---|---|---|---|---|")
     for name, layers, t in (("decode", decode, args.decode_tokens), ("prefill", prefill, args.prefill_tokens)):

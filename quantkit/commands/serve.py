@@ -47,11 +47,13 @@ import click
               help="Sharded serving: seconds one rank waits for the others (a longer step, or a dead rank, is an error).")
 @click.option("--ep-exchange", type=click.Choice(["all-reduce", "all-to-all"]), default="all-reduce", show_default=True,
               help="Sharded serving: how MoE layers exchange tokens (all-to-all: each token only to the ranks of its experts).")
+@click.option("--enforce-eager", is_flag=True, default=False,
+              help="No CUDA graphs: every decode step runs eagerly (graphs are captured at start-up on a GPU otherwise).")
 def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model_name: str | None, max_model_len: int | None,
           max_num_seqs: int, max_num_batched_tokens: int, block_size: int, kv_cache_gib: float | None, gpu_memory_utilization: float,
           act_quant: bool, backend: str, api_key: str | None, prefix_caching: bool, max_request_bytes: int,
           max_seqs_per_request: int, max_tokens_per_request: int, max_waiting_seqs: int, header_timeout: float,
-          body_timeout: float, dist_timeout: float, ep_exchange: str) -> None:
+          body_timeout: float, dist_timeout: float, ep_exchange: str, enforce_eager: bool) -> None:
     """Serve checkpoint CKPT (a source checkpoint or a `quantkit convert` output) over HTTP.
 
     A `quantkit shard --ep N [--tp T]` output is served expert (and tensor) parallel, one process per
@@ -78,7 +80,7 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
                        max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                        block_size=block_size, kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization,
                        act_quant=act_quant, backend=backend, prefix_caching=prefix_caching, limits=limits,
-                       dist_timeout_s=dist_timeout, ep_exchange=ep_exchange)
+                       dist_timeout_s=dist_timeout, ep_exchange=ep_exchange, enforce_eager=enforce_eager)
     except (CheckpointError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:
@@ -108,8 +110,11 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
         return
     server.api_key = api_key
     eng = server.engine
+    runner = getattr(eng, "runner", None)  # a sharded front end (DPEngine) runs eagerly
+    graphs = str(runner.report) if runner is not None and runner.report is not None else \
+        f"eager decode ({runner.why_eager if runner is not None else 'sharded serving'})"
     click.echo(f"serving {server.model_name} on {server.url} (device {eng.model.device}, max_model_len {eng.max_model_len}, "
-               f"KV cache {eng.cache.num_blocks} blocks of {eng.cache.block_size} tokens)", err=True)
+               f"KV cache {eng.cache.num_blocks} blocks of {eng.cache.block_size} tokens; {graphs})", err=True)
     try:
         server.serve()
     except KeyboardInterrupt:

@@ -11,9 +11,10 @@ tokens only, at their given positions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import torch
 
@@ -37,6 +38,14 @@ class Batch:
     block_tables: torch.Tensor | None = None  # [B, max_blocks] int64, -1 past a sequence's blocks
     context_lens: tuple[int, ...] | None = None  # keys per sequence after this step's writes
     block_size: int = 0
+    meta: AttnMeta | None = None  # the attention ops' index tensors, made ahead (a CUDA-graph decode step's static buffers)
+    memo: dict[Hashable, Any] = field(default_factory=dict, compare=False, repr=False)  # per-step values every layer shares
+
+    def memoized(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """``make()`` once per step (this batch): tables every layer of the step reads alike (RoPE's cos / sin)."""
+        if key not in self.memo:
+            self.memo[key] = make()
+        return self.memo[key]
 
     @classmethod
     def prefill(cls, lengths: Sequence[int], device: torch.device | str = "cpu") -> Batch:
@@ -82,6 +91,8 @@ class Batch:
     @cached_property
     def attn(self) -> AttnMeta:
         """Index tensors of the attention ops (cached on the batch: one step, many layers)."""
+        if self.meta is not None:
+            return self.meta
         dev = self.positions.device
         cu_q = torch.tensor(self.cu_seqlens, dtype=torch.int32, device=dev)
         lens = [e - s for s, e in self.segments()]

@@ -121,6 +121,30 @@ class KVCache:
         dev = self.device
         return Batch(tuple(cu), torch.cat(pos).to(dev), torch.cat(slots).to(dev), bt.to(dev), tuple(ctx), self.block_size)
 
+    def schedule_decode(self, seqs: list[Hashable]) -> tuple[list[int], list[int], list[list[int]]]:
+        """:meth:`schedule` of one new token per sequence, as plain ints for a CUDA-graph step's static buffers:
+        (positions, cache slots, block tables); each sequence then attends to position + 1 keys."""
+        bs, positions, slots, tables = self.block_size, [], [], []
+        for seq in seqs:
+            p = self.lengths.get(seq, 0)
+            self._grow(seq, p + 1)
+            table = self.tables[seq]
+            positions.append(p)
+            slots.append(table[p // bs] * bs + p % bs)
+            tables.append(table)
+            self.lengths[seq] = p + 1
+        return positions, slots, tables
+
+    def reserve_block(self) -> int:
+        """Take a free block for good (no sequence will get it): scratch room, e.g. for padding rows' keys."""
+        if not self.free_blocks:
+            raise RuntimeError("KV cache out of blocks: no block left to reserve")
+        b = next(reversed(self.free_blocks))  # the last to be taken anyway
+        if b in self.hash_of:
+            del self.by_hash[self.hash_of.pop(b)]
+        self._take(b)
+        return b
+
     def release(self, seq: Hashable) -> None:
         """Give back a sequence's blocks; a block no other sequence uses is free (its tail first: the first
         to be evicted), and keeps its cached contents until it is taken again."""

@@ -1,15 +1,34 @@
 """The one door between serving and the model: a scheduled step in, logits out.
 
 The scheduler (:mod:`quantkit.serve.scheduler`) decides which sequences run and how many tokens each
-adds; :func:`forward_step` allocates their cache slots and runs the model.
+adds; :func:`forward_step` allocates their cache slots and runs the model eagerly, and
+:class:`ModelRunner` adds CUDA graphs for decode steps (vLLM's and nano-vllm's design):
+
+* a decode step (every sequence adds one token) of B sequences replays the graph captured for the
+  smallest batch-size bucket >= B (1, 2, 4, 8, then every 16 up to ``max_num_seqs``); the rows past B are
+  padding: token 0 at position 0, writing its keys to a scratch cache block that no sequence owns;
+* the graph reads static device buffers: token ids, positions, cache slots and context lengths (one
+  int64 buffer, one host-to-device copy from pinned memory per step) and the block tables (a second
+  copy, of the step's widest table only); the step's metadata is made on the host from plain ints
+  (:meth:`KVCache.schedule_decode`), nothing in the forward waits for the host;
+* the graph ends in the LM head in the compute dtype and the argmax of every row, so a greedy batch
+  moves B ids to the host (the one synchronisation of a step) and float32 logits exist only for the
+  rows a sampler reads (:func:`quantkit.serve.scheduler.to_host`).
+
+Prefill chunks, steps mixing them with decodes, sharded ranks and models whose layers wait for the host
+(the per-expert MoE loop of unquantized or MXFP4 experts) run eagerly; ``enforce_eager`` runs every step so.
+Graphed steps run the Triton MLA decode (FlashInfer's MLA wrapper plans on the host per step).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Hashable
+from dataclasses import dataclass
 
 import torch
 
+from .batch import AttnMeta, Batch
 from .model import CausalLM
 from .parallel import idle_step
 
@@ -29,8 +48,153 @@ def forward_step(model: CausalLM, cache, order: list[tuple[Hashable, int]], toke
     if not order:
         return None
     batch = cache.schedule(dict(order))
-    tokens = tokens.to(model.device)
+    tokens = torch.as_tensor(tokens).to(model.device)
     if rows:
         return model(tokens, batch.positions, cache, batch, rows=rows)
     model.hidden(tokens, batch.positions, cache, batch)
     return None
+
+
+def graph_buckets(max_num_seqs: int) -> list[int]:
+    """Batch sizes a graph is captured for: 1, 2, 4, 8, then every 16, and ``max_num_seqs`` itself."""
+    out = [b for b in (1, 2, 4, 8) if b < max_num_seqs] + list(range(16, max_num_seqs, 16))
+    return out + [max_num_seqs]
+
+
+def eager_reason(model: CausalLM, cache) -> str | None:
+    """Why decode steps of this model cannot be captured in CUDA graphs, or None when they can."""
+    if model.device.type != "cuda":
+        return f"CUDA graphs need a CUDA device, the model is on {model.device.type}"
+    if "quantkit_shard" in model.config or model.dp_exchange is not None or model.embed_parallel is not None:
+        return "sharded serving runs eagerly (its collectives are not captured)"
+    if not cache.layers:
+        return "this cache holds block tables only (another DP group's)"
+    from .layers.moe import MoE
+
+    for m in model.modules():
+        if isinstance(m, MoE) and (m.experts.fused is None or m.ep is not None):
+            return f"the MoE layers run {m.experts.path if m.ep is None else 'expert parallel'}: they wait for the host"
+    return None
+
+
+@dataclass
+class GraphReport:
+    buckets: list[int]
+    seconds: float  # capture time, warm-up runs included
+    bytes: int  # device memory the graphs and their static buffers took
+
+    def __str__(self) -> str:
+        sizes = ",".join(map(str, self.buckets))
+        return f"CUDA graphs for decode batches of {sizes}: captured in {self.seconds:.1f} s, {self.bytes / 2**20:.0f} MiB"
+
+
+class ModelRunner:
+    """Runs the scheduler's steps: CUDA-graph replays for decode steps, :func:`forward_step` otherwise.
+
+    :meth:`run` returns (logits in the compute dtype [len(rows), V], argmax ids [len(rows)]) on the device,
+    or (None, None) when no row is wanted."""
+
+    def __init__(self, model: CausalLM, cache, max_num_seqs: int, max_model_len: int, enforce_eager: bool = False,
+                 static: bool = False) -> None:
+        """``static``: decode steps take the graphs' path (static buffers, padded buckets, scratch block) but run it
+        eagerly, on any device: what the CPU tests check the graphed step's data path with."""
+        self.model, self.cache, self.static = model, cache, static
+        self.why_eager = "enforce_eager" if enforce_eager else None if static else eager_reason(model, cache)
+        self.buckets = [] if self.why_eager else graph_buckets(max_num_seqs)
+        self.width = -(-max_model_len // cache.block_size)  # block-table columns a sequence can use
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict]] = {}
+        self.report: GraphReport | None = None
+        self.replays = 0
+        self.scratch = cache.reserve_block() if self.buckets else None  # where padding rows write their keys
+
+    @property
+    def graphed(self) -> bool:
+        return bool(self.buckets) and not self.static
+
+    # --- capture ---------------------------------------------------------------------------------
+    def capture(self) -> GraphReport | None:
+        """Capture every bucket's graph (largest first, one memory pool); idempotent.  None when eager."""
+        if not self.buckets or self.report is not None:
+            return self.report
+        dev, top, bs = self.model.device, self.buckets[-1], self.cache.block_size
+        cuda = dev.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(dev)
+        free0 = torch.cuda.mem_get_info(dev)[0] if cuda else 0
+        t0 = time.perf_counter()
+        pad_slot = self.scratch * bs
+        # per bucket b the head buffer holds [ids b | positions b | slots b | context lens b]
+        self.head = torch.zeros(4 * top, dtype=torch.int64, device=dev)
+        self.stage = torch.zeros(4 * top, dtype=torch.int64, pin_memory=cuda)
+        self.tables = torch.full((top, self.width), self.scratch, dtype=torch.int64, device=dev)
+        self.stage_tables = torch.zeros(top * self.width, dtype=torch.int64, pin_memory=cuda)
+        self.cu = torch.arange(top + 1, dtype=torch.int32, device=dev)
+        self.copied = torch.cuda.Event() if cuda else None
+        if self.static:
+            self.report = GraphReport([], time.perf_counter() - t0, 0)
+            return self.report
+        pool = None
+        with torch.no_grad():
+            for b in reversed(self.buckets):
+                self.head[: 4 * b].copy_(torch.tensor([0] * 2 * b + [pad_slot] * b + [1] * b))
+                self._forward(b)  # warm-up: compiles, autotunes and grows workspaces outside the capture
+                torch.cuda.synchronize(dev)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool):
+                    out = self._forward(b)
+                pool = g.pool()
+                self.graphs[b] = (g, out)
+        torch.cuda.synchronize(dev)
+        self.report = GraphReport(list(self.buckets), time.perf_counter() - t0, free0 - torch.cuda.mem_get_info(dev)[0])
+        return self.report
+
+    def _forward(self, b: int) -> dict[str, torch.Tensor]:
+        """The decode forward of bucket b on the static buffers (what each graph records)."""
+        h = self.head
+        ids, pos, slots, ctx = h[:b], h[b : 2 * b], h[2 * b : 3 * b], h[3 * b : 4 * b]
+        ctx32 = ctx.to(torch.int32)
+        meta = AttnMeta(self.cu[: b + 1], self.cu[: b + 1], ctx32, 1, True)
+        batch = Batch(tuple(range(b + 1)), pos, slots, self.tables[:b], None, self.cache.block_size, meta=meta)
+        logits = self.model.lm_head(self.model.hidden(ids, None, self.cache, batch))
+        return {"logits": logits, "top": logits.argmax(-1)}
+
+    # --- steps -----------------------------------------------------------------------------------
+    def run(self, order: list[tuple[Hashable, int]], tokens: list[int] | torch.Tensor, rows: list[int]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self.buckets and order and len(order) <= self.buckets[-1] and all(n == 1 for _, n in order):
+            return self._replay(order, tokens, rows)
+        logits = forward_step(self.model, self.cache, order, torch.as_tensor(tokens), rows)
+        return (None, None) if logits is None else (logits, logits.argmax(-1))
+
+    def _replay(self, order: list[tuple[Hashable, int]], tokens: list[int] | torch.Tensor, rows: list[int]):
+        self.capture()
+        n = len(order)
+        b = next(x for x in self.buckets if x >= n)
+        positions, slots, tables = self.cache.schedule_decode([s for s, _ in order])
+        pad = b - n
+        ids = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
+        pad_slot = self.scratch * self.cache.block_size
+        head = ids + [0] * pad + positions + [0] * pad + slots + [pad_slot] * pad + [p + 1 for p in positions] + [1] * pad
+        if self.copied is not None:
+            self.copied.synchronize()  # the last step's copies out of the pinned staging buffers are done
+        self.stage[: 4 * b].copy_(torch.tensor(head, dtype=torch.int64))
+        w = max(len(t) for t in tables)
+        flat = [blk for t in tables for blk in (t + [self.scratch] * (w - len(t)) if len(t) < w else t)]
+        st = self.stage_tables[: n * w]
+        st.copy_(torch.tensor(flat, dtype=torch.int64))
+        self.head[: 4 * b].copy_(self.stage[: 4 * b], non_blocking=True)
+        self.tables[:n, :w].copy_(st.view(n, w), non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
+        if self.static:
+            with torch.no_grad():
+                out = self._forward(b)
+        else:
+            g, out = self.graphs[b]
+            g.replay()
+        self.replays += 1
+        if not rows:
+            return None, None
+        if rows == list(range(n)):
+            return out["logits"][:n], out["top"][:n]
+        idx = torch.tensor(rows, device=self.model.device)
+        return out["logits"][idx], out["top"][idx]

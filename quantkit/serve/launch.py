@@ -13,6 +13,9 @@ from .scheduler import LLMEngine
 from .text import ModelText
 
 
+GRAPH_RESERVE = 2 << 30  # device memory kept from the KV cache for the decode CUDA graphs (their use is reported at start-up)
+
+
 def kv_blocks(model, block_size: int, memory_bytes: int, max_tokens: int) -> int:
     """KV cache blocks that fit ``memory_bytes``, at most what ``max_tokens`` cached tokens need."""
     fit = memory_bytes // (model.kv_bytes_per_token() * block_size)
@@ -24,7 +27,7 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
           max_num_batched_tokens: int = 2048, block_size: int = 16, kv_cache_gib: float | None = None,
           gpu_memory_utilization: float = 0.9, act_quant: bool = True, backend: str = "auto",
           prefix_caching: bool = True, limits=None, dist_timeout_s: float = 300.0,
-          ep_exchange: str = "all-reduce") -> Server | Worker:
+          ep_exchange: str = "all-reduce", enforce_eager: bool = False) -> Server | Worker:
     """Load the checkpoint and bind the server (not serving yet: ``serve()`` or ``start_background()``).
 
     KV cache: ``kv_cache_gib`` when given; otherwise on CUDA what ``gpu_memory_utilization`` of the
@@ -33,7 +36,8 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
     A ``quantkit shard`` output is served expert (and tensor) parallel, one process per rank under torchrun
     (:mod:`.distributed`), each DP group with its own requests (:mod:`.dp`): rank 0 gets the Server, the
     other ranks a :class:`Worker`.  ``dist_timeout_s`` bounds every wait of one rank for the others;
-    ``ep_exchange``: how the MoE layers exchange tokens (all-reduce, or all-to-all dispatch and combine)."""
+    ``ep_exchange``: how the MoE layers exchange tokens (all-reduce, or all-to-all dispatch and combine).
+    On one GPU the decode steps' CUDA graphs are captured here, before the server binds (``enforce_eager``: none)."""
     from ..engine import parallel
     from ..engine.loader import load
     from . import distributed
@@ -53,7 +57,7 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
         budget = int(kv_cache_gib * (1 << 30))
     elif model.device.type == "cuda":
         free, total = torch.cuda.mem_get_info(model.device)
-        budget = int(free - (1 - gpu_memory_utilization) * total)
+        budget = int(free - (1 - gpu_memory_utilization) * total) - GRAPH_RESERVE
     else:
         budget = 2 << 30
     if budget <= 0:
@@ -70,9 +74,10 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
 
     def scheduler(cache: KVCache | None = None) -> LLMEngine:
         return LLMEngine(model, blocks, block_size, max_num_seqs, max_num_batched_tokens, max_len, text.eos_ids,
-                         prefix_caching, cache)
+                         prefix_caching, cache, enforce_eager)
 
     engine = scheduler()
+    engine.runner.capture()
     if ctrl is not None:  # the other groups' caches live on their ranks: rank 0 keeps their block tables
         engine = DPEngine([engine] + [scheduler(KVCache([], blocks, block_size)) for _ in range(dp - 1)], ctrl, tp,
                           idle_tick_s=dist_timeout_s / 4)

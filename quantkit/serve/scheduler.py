@@ -36,19 +36,19 @@ import torch
 
 from ..engine.kv_cache import KVCache
 from ..engine.model import CausalLM
-from ..engine.runner import forward_step
+from ..engine.runner import ModelRunner
 from .sampling import SamplingParams, TokenLogprobs, logprobs_at, new_generator, sample
 from .text import Detokenizer
 
 
 
-def to_host(logits: torch.Tensor | None, need: list[int]) -> tuple[list[int], dict[int, torch.Tensor]]:
-    """Every row's argmax, taken on the device in one call, and on the host only the rows in ``need``: a
-    greedy batch moves B ids, not B x vocab floats."""
+def to_host(logits: torch.Tensor | None, need: list[int], top: torch.Tensor | None = None) -> tuple[list[int], dict[int, torch.Tensor]]:
+    """Every row's argmax (``top``, or taken here on the device in one call), and on the host, in float32, only
+    the rows in ``need``: a greedy batch moves B ids, not B x vocab floats."""
     if logits is None:
         return [], {}
-    rows = logits[need].cpu() if need else None
-    return logits.argmax(-1).tolist(), {i: rows[k] for k, i in enumerate(need)}
+    rows = logits[need].to(torch.float32).cpu() if need else None
+    return (logits.argmax(-1) if top is None else top).tolist(), {i: rows[k] for k, i in enumerate(need)}
 
 
 class EngineBroken(RuntimeError):
@@ -109,7 +109,7 @@ class Step:
 
     plan: dict[Request, int]
     order: list[tuple[str, int]]
-    tokens: torch.Tensor  # int64 [T]
+    tokens: list[int]  # the flat token ids [T]
     rows: list[int]
     wants: list[tuple[Request, int, list[int], bool]]  # (request, first row, prompt-logprob positions, sample?)
 
@@ -130,9 +130,10 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int = 16, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 2048, max_model_len: int | None = None, eos_ids: tuple[int, ...] = (),
-                 prefix_caching: bool = True, cache: KVCache | None = None) -> None:
+                 prefix_caching: bool = True, cache: KVCache | None = None, enforce_eager: bool = False) -> None:
         """``cache``: the KV cache to schedule (the model's own, new, when None; sharded serving's front end
-        gives the other DP groups' schedulers a cache of block tables alone, :class:`KVCache` of no layers)."""
+        gives the other DP groups' schedulers a cache of block tables alone, :class:`KVCache` of no layers).
+        ``enforce_eager``: no CUDA graphs (:class:`quantkit.engine.runner.ModelRunner`)."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got {max_num_seqs}, {max_num_batched_tokens}")
         self.model = model
@@ -152,6 +153,7 @@ class LLMEngine:
         self.replayed = False  # sharded serving: other ranks replay this cache's allocations (..distributed)
         self.released: list = []  # then: sequences released since the last step, for the other ranks to release
         self.idle_tick_s: float | None = None  # how often an idle engine thread calls tick() (None: never)
+        self.runner = ModelRunner(model, self.cache, max_num_seqs, self.max_model_len, enforce_eager)
 
     # --- requests -------------------------------------------------------------------------------
     def check_request(self, prompt: list[int], params: SamplingParams) -> None:
@@ -296,8 +298,8 @@ class LLMEngine:
         st = self.prepare()
         if st is None:
             return []
-        logits = forward_step(self.model, self.cache, st.order, st.tokens, st.rows)
-        return self.complete(st, *to_host(logits, self.host_rows(st)))
+        logits, top = self.runner.run(st.order, st.tokens, st.rows)
+        return self.complete(st, *to_host(logits, self.host_rows(st), top))
 
     def prepare(self) -> Step | None:
         """Schedule the next batch (None when nothing runs): its tokens, and the logit rows it wants."""
@@ -308,7 +310,7 @@ class LLMEngine:
         row = 0
         for r, n in plan.items():
             start = r.computed
-            ids.append(torch.tensor(r.token_slice(start, start + n), dtype=torch.int64))
+            ids += r.token_slice(start, start + n)
             sample_now = start + n == r.num_tokens
             lp_rows = []
             if r.params.prompt_logprobs is not None and len(r.prompt_logprobs) < len(r.prompt):
@@ -320,7 +322,7 @@ class LLMEngine:
             wants.append((r, len(rows), lp_rows, sample_now))
             rows += mine
             row += n
-        return Step(plan, [(r.id, n) for r, n in plan.items()], torch.cat(ids), rows, wants)
+        return Step(plan, [(r.id, n) for r, n in plan.items()], ids, rows, wants)
 
     def tick(self) -> None:
         """Called while idle every ``idle_tick_s`` (sharded serving's heartbeat); nothing to do here."""

@@ -61,7 +61,7 @@ def serve(m, seed: int = 0) -> list[tuple[list[int], list]]:
         eng.step()
     reqs.append(eng.add_request(prompts[-1], params))
     eng.run_all()
-    assert len(eng.cache.free_blocks) == 96
+    assert len(eng.cache.free_blocks) == 96 - (eng.runner.scratch is not None)  # a graphed runner keeps one scratch block
     return [(p, r.logprobs) for p, r in zip(prompts, reqs)]
 
 

@@ -116,7 +116,8 @@ class MLA(nn.Module):
         """The ``mla_decode`` op.  Under backend auto / flashinfer, where FlashInfer can serve
         (:func:`.mla_flashinfer.step_plan_ok`): its MLA wrapper, kept in the dispatcher that the model's
         layers share and planned once per step's batch, then run by every layer of the step."""
-        if self.ops.want("mla_decode") in (AUTO, mla_flashinfer.NAME) and mla_flashinfer.step_plan_ok(q_lat, q_rot) is None:
+        if (self.ops.want("mla_decode") in (AUTO, mla_flashinfer.NAME) and mla_flashinfer.step_plan_ok(q_lat, q_rot) is None
+                and not torch.cuda.is_current_stream_capturing()):  # its plan reads the host: a CUDA graph runs the op instead
             key = ("mla_flashinfer", q_lat.device, q_lat.dtype, self.num_heads, self.rank, self.rope_dim, self.scale)
             dec = self.ops.state.get(key)
             if dec is None:
@@ -148,8 +149,8 @@ class MLA(nn.Module):
         q = q.view(t, self.num_heads, self.nope + self.rope_dim)
         q_nope, q_rot = q.split([self.nope, self.rope_dim], dim=-1)
         latent, k_rot = kv_a.split([self.rank, self.rope_dim], dim=-1)
-        new = {"kv": self.kv_a_norm(latent), "k_rot": self.rope(k_rot[:, None, :], batch.positions)[:, 0]}
-        q_rot = self.rope(q_rot, batch.positions)
+        new = {"kv": self.kv_a_norm(latent), "k_rot": self.rope(k_rot[:, None, :], batch.positions, batch)[:, 0]}
+        q_rot = self.rope(q_rot, batch.positions, batch)
         if cache is not None and batch.attn.decode:
             o = self._decode(q_nope, q_rot, new, batch, cache)
         else:

@@ -24,6 +24,8 @@ import math
 import torch
 from torch import nn
 
+from ..batch import Batch
+
 STYLES = ("half", "interleaved")
 
 
@@ -100,13 +102,19 @@ class Rope(nn.Module):
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, dim/2] (broadcast over heads), cast to ``dtype`` as transformers does."""
-        freqs = positions[:, None].float() * self.inv_freq.to(positions.device)
+        if self.inv_freq.device != positions.device:  # made on the CPU at build: moved once, not copied per call
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions[:, None].float() * self.inv_freq
         cos, sin = freqs.cos() * self.scale, freqs.sin() * self.scale
         return cos.to(dtype)[:, None], sin.to(dtype)[:, None]
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x [T, heads, dim] rotated by each token's position."""
-        cos, sin = self.cos_sin(positions, x.dtype)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, memo: Batch | None = None) -> torch.Tensor:
+        """x [T, heads, dim] rotated by each token's position; with ``memo`` (the step's batch, whose positions
+        these are) the cos / sin table is made once per step and dtype and shared by every layer."""
+        if memo is None:
+            cos, sin = self.cos_sin(positions, x.dtype)
+        else:
+            cos, sin = memo.memoized(("rope", id(self), x.dtype), lambda: self.cos_sin(positions, x.dtype))
         if self.style == "half":
             x1, x2 = x[..., : self.dim // 2], x[..., self.dim // 2 :]
         else:

@@ -1,0 +1,77 @@
+"""The graphed decode step's data path, checked on the CPU: static buffers, padded batch-size buckets,
+the scratch block of the padding rows, block tables copied at the step's width, the LM head and the
+argmax in the compute dtype.  ``ModelRunner(static=True)`` runs exactly what a CUDA graph records, only
+eagerly; the GPU tests (tests/serve/test_gpu.py) replay the captured graphs against a prefill.
+
+The judge is the eager engine on the same requests, float32 with activations unquantized: both compute
+the same function up to float32 summation order (a GEMM's M differs with the padding rows), so every
+greedy token agrees and the log-probs agree to 1e-4.  (With FP8 activation quantization a summation-order
+difference can cross an E4M3 rounding boundary and move a log-prob by up to 0.2 nats, enough to flip a
+near-tie: tests/serve/test_step_consistency.py.)
+Budget: under 30 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantkit.engine import load
+from quantkit.engine.runner import ModelRunner, eager_reason, graph_buckets
+from quantkit.serve.sampling import SamplingParams
+from quantkit.serve.scheduler import LLMEngine
+
+BLOCKS, MAX_SEQS = 48, 5
+
+
+def run(m, static: bool) -> tuple[LLMEngine, list]:
+    # budget 3 later: a step holds two decodes and a one-token prefill chunk that is not sampled (rows a subset);
+    # three sequences pad to the bucket of 4
+    eng = LLMEngine(m, num_blocks=BLOCKS, block_size=16, max_num_seqs=MAX_SEQS, max_num_batched_tokens=40)
+    if static:
+        eng.runner = ModelRunner(m, eng.cache, MAX_SEQS, eng.max_model_len, static=True)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 1900, (n,), generator=g).tolist() for n in (33, 16, 1, 17, 40)]
+    lp = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=2)
+    reqs = [eng.add_request(p, lp if i % 2 else SamplingParams(max_tokens=10 + i, temperature=0, ignore_eos=True))
+            for i, p in enumerate(prompts[:3])]
+    for _ in range(4):
+        eng.step()
+    reqs += [eng.add_request(p, lp) for p in prompts[3:]]  # arrive while the others decode
+    eng.max_num_batched_tokens = 3
+    for _ in range(12):
+        eng.step()
+    eng.max_num_batched_tokens = 40
+    eng.run_all()
+    return eng, reqs
+
+
+@pytest.mark.parametrize("family", ["gpt-oss", "deepseek-v3", "qwen3-moe", "qwen3"])
+def test_static_decode_path_equals_eager(model, family):
+    m = model(family)
+    eager, ref = run(m, static=False)
+    static, got = run(m, static=True)
+    assert eager.runner.replays == 0 and static.runner.replays >= 15, (eager.runner.replays, static.runner.replays)
+    for r, e in zip(got, ref):
+        assert r.output == e.output, (family, r.id)
+        for a, b in zip(r.logprobs, e.logprobs):
+            assert a.token == b.token and abs(a.logprob - b.logprob) < 1e-4, (family, r.id, a, b)
+            assert [t for t, _ in a.top] == [t for t, _ in b.top]
+    # the scratch block was never handed to a sequence, and every other block came back
+    scratch = static.runner.scratch
+    assert scratch is not None and static.cache.refs[scratch] == 1
+    assert len(static.cache.free_blocks) == BLOCKS - 1 and len(eager.cache.free_blocks) == BLOCKS
+
+
+def test_buckets_and_eager_reasons(ckpt):
+    assert graph_buckets(1) == [1]
+    assert graph_buckets(5) == [1, 2, 4, 5]
+    assert graph_buckets(64) == [1, 2, 4, 8, 16, 32, 48, 64]
+    assert graph_buckets(40) == [1, 2, 4, 8, 16, 32, 40]
+    m = load(ckpt("qwen3"), "cpu", torch.float32)
+    cache = m.new_cache(4, 16)
+    assert "CUDA" in eager_reason(m, cache)
+    r = ModelRunner(m, cache, 8, 64)
+    assert not r.graphed and r.scratch is None and len(cache.free_blocks) == 4
+    forced = ModelRunner(m, cache, 8, 64, enforce_eager=True, static=True)
+    assert forced.why_eager == "enforce_eager" and not forced.buckets

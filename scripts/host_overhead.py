@@ -83,7 +83,7 @@ def run(model, text: ModelText, c: int, a: argparse.Namespace, profile: cProfile
     g = torch.Generator().manual_seed(1)
     params = SamplingParams(max_tokens=a.gen, temperature=0, ignore_eos=True)
     reqs = [eng.add_request(torch.randint(0, a.text_ids, (a.prompt_len,), generator=g).tolist(), params,
-                            detok=text.detokenizer()) for _ in range(c)]
+                            detok=None if a.no_detok else text.detokenizer()) for _ in range(c)]
     while any(not r.output for r in reqs):  # prefill (the stub makes it quick), not timed
         eng.step()
     eng.runner.capture()  # the static buffers, made before the first decode step as a server does at start-up
@@ -98,7 +98,7 @@ def run(model, text: ModelText, c: int, a: argparse.Namespace, profile: cProfile
             profile.disable()
     h = hashlib.sha256()
     for r in reqs:
-        h.update(repr((r.output, r.detok.text, r.finish_reason)).encode())
+        h.update(repr((r.output, r.detok and r.detok.text, r.finish_reason)).encode())
     s = eng.stats
     h.update(repr((s.prompt_tokens, s.generation_tokens, s.steps, s.preemptions, s.finished)).encode())
     return times, h.hexdigest()[:12]
@@ -112,6 +112,7 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=256, help="the graph buckets go up to it (and the stub's outputs depend on it)")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--repeat", type=int, default=3, help="runs per concurrency; the median is over all their steps")
+    p.add_argument("--no-detok", action="store_true", help="no Detokenizer (what detokenization costs)")
     p.add_argument("--profile", type=int, default=None, help="cProfile the decode steps at this concurrency")
     a = p.parse_args()
     a.concurrency = [int(c) for c in a.concurrency.split(",")]

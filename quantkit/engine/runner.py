@@ -80,10 +80,11 @@ def eager_reason(model: CausalLM, cache) -> str | None:
 
 
 class StagedTables:
-    """The decode batch's block tables in pinned staging memory [n, stride], kept from step to step: a row is
-    rewritten only when another sequence's table takes it, and a table that grew writes its new blocks alone
-    (a decode step adds a block to a sequence once every ``block_size`` steps).  Converting every entry from
-    Python ints each step took 1.2 ms a step at 256 sequences of 36 blocks (scripts/host_overhead.py).
+    """The decode batch's block tables in pinned staging memory [n, stride], kept from step to step: a table that
+    grew writes its new blocks alone (a decode step adds a block to a sequence once every ``block_size`` steps),
+    rows whose sequences moved up (the ones before them left the batch) move in runs, one copy each, and only a
+    sequence new to the batch is written whole.  Converting every entry from Python ints each step took 1.2 ms
+    a step at 256 sequences of 36 blocks (scripts/host_overhead.py).
 
     The stride is the widest table rounded up to ``CHUNK`` columns, so the layout changes rarely; entries past a
     sequence's blocks hold the scratch block."""
@@ -94,31 +95,43 @@ class StagedTables:
         self.stage, self.np = stage, stage.numpy()  # numpy view of the pinned buffer: slice writes without torch ops
         self.width, self.scratch = width, scratch
         self.stride = 0
-        self.rows: list[tuple[list[int], int]] = []  # per row: the table list written there and how many of its blocks
+        self.rows: list[list[int]] = []  # the table list written in each row (the cache's own, which only grows)
+        self.written: list[int] = []  # and how many of its blocks
 
     def update(self, tables: list[list[int]]) -> torch.Tensor:
         """Write the step's tables; the staged [len(tables), stride] view to copy to the device."""
-        n, w = len(tables), max(len(t) for t in tables)
-        stride = min(-(-w // self.CHUNK) * self.CHUNK, self.width)
-        if stride != self.stride:
-            self.stride, self.rows = stride, []
-        buf, rows = self.np, self.rows
-        for i, t in enumerate(tables):
-            at, k = i * stride, len(t)
-            if i < len(rows) and rows[i][0] is t:  # the same sequence's table as last step (the list object itself)
-                done = rows[i][1]
-                if done < k:
-                    buf[at + done : at + k] = t[done:]
-                    rows[i] = (t, k)
-                continue
-            buf[at : at + k] = t
-            buf[at + k : at + stride] = self.scratch
-            if i < len(rows):
-                rows[i] = (t, k)
-            else:
-                rows.append((t, k))
-        del rows[n:]
-        return self.stage[: n * stride].view(n, stride)
+        n, lens = len(tables), [len(t) for t in tables]
+        s = min(-(-max(lens) // self.CHUNK) * self.CHUNK, self.width)
+        # the same tables in the same rows (most steps; list == is an identity check per row here, and where two
+        # lists are equal the row holds the right blocks all the same: a table only grows)
+        written = self.written if s == self.stride and self.rows == tables else self._place(tables, s)
+        buf = self.np
+        for i in [i for i, (k, done) in enumerate(zip(lens, written)) if k > done]:
+            buf[i * s + written[i] : i * s + lens[i]] = tables[i][written[i]:]
+        self.stride, self.rows, self.written = s, list(tables), lens
+        return self.stage[: n * s].view(n, s)
+
+    def _place(self, tables: list[list[int]], s: int) -> list[int]:
+        """Move the rows that moved up (the sequences before them left), a run of consecutive rows per copy; set
+        the other new rows to scratch.  Per row, how many of its table's blocks it now holds."""
+        old = self.rows if s == self.stride else []
+        src = [i if i < len(old) and old[i] is t else -1 for i, t in enumerate(tables)]
+        if old and -1 in src:
+            at = {id(t): j for j, t in enumerate(old)}  # old holds its lists alive: an id is one of them or none
+            for i, t in enumerate(tables):
+                if src[i] < 0 and at.get(id(t), -1) > i:  # a row below: the moves run top down, it is intact
+                    src[i] = at[id(t)]
+        buf, n, i = self.np, len(tables), 0
+        while i < n:
+            j, m = src[i], 1
+            if j > i:
+                while i + m < n and src[i + m] == j + m:
+                    m += 1
+                buf[i * s : (i + m) * s] = buf[j * s : (j + m) * s]
+            elif j < 0:
+                buf[i * s : (i + 1) * s] = self.scratch
+            i += m
+        return [self.written[j] if j >= 0 else 0 for j in src]
 
 
 @dataclass

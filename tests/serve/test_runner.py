@@ -79,8 +79,8 @@ def test_buckets_and_eager_reasons(ckpt):
 
 def test_staged_tables_equal_the_tables_written_whole():
     """StagedTables keeps the staging buffer from step to step; every step it must hold what writing each table
-    whole, padded with the scratch block to the stride, gives: through growth, finished sequences (rows shift),
-    new and re-admitted sequences (a new table list under the same id), and stride changes."""
+    whole, padded with the scratch block to the stride, gives: through growth, finished sequences (rows move up),
+    a row moving down, new and re-admitted sequences (a new table list in the same place), and stride changes."""
     width, scratch = 40, 999
     staged = StagedTables(torch.zeros(8 * width, dtype=torch.int64), width, scratch)
     g = torch.Generator().manual_seed(0)
@@ -89,8 +89,11 @@ def test_staged_tables_equal_the_tables_written_whole():
     for step in range(400):
         if len(tables) < 8 and rand(3) == 0:  # arrives (sometimes long: the stride grows past 16)
             tables[f"s{rand(10)}" if rand(2) else f"n{step}"] = [next(nxt) for _ in range(1 + rand(30))]
-        if tables and rand(6) == 0:  # finishes
+        if tables and rand(6) == 0:  # finishes: the rows after it move up
             del tables[list(tables)[rand(len(tables))]]
+        if len(tables) > 1 and rand(10) == 0:  # the first goes last: it moves down, the others up
+            first = next(iter(tables))
+            tables[first] = tables.pop(first)
         for t in tables.values():
             if rand(4) == 0 and len(t) < width:
                 t.append(next(nxt))

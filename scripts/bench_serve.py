@@ -46,6 +46,10 @@ def parse() -> argparse.Namespace:
     p.add_argument("--gen", type=int, default=None)
     p.add_argument("--hbm-gbs", type=float, default=4800.0, help="peak HBM GB/s (H200: 4800)")
     p.add_argument("--no-http", action="store_true")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (the engine's eager decode step)")
+    p.add_argument("--prefill", default="", help="comma list of single-prompt prefill lengths to time (e.g. 8192,32768)")
+    p.add_argument("--profile", action="store_true", help="write a torch profile of one decode step at the first concurrency")
+    p.add_argument("--plot", action="store_true", help="write serve.png: output tokens/s and share of the HBM floor against C")
     a = p.parse_args()
     cuda = a.device == "cuda"
     a.preset = a.preset or ("gpt-oss-20b" if cuda else "tiny")
@@ -103,11 +107,15 @@ def sync(device) -> None:
 
 
 def new_engine(model, eos, c: int, a):
-    """An engine whose cache holds c requests of prompt_len + gen tokens (16-token blocks), prompts prefilled whole."""
+    """An engine whose cache holds c requests of prompt_len + gen tokens (16-token blocks), prompts prefilled whole;
+    its decode graphs captured (as ``quantkit serve`` does at start-up) unless --enforce-eager."""
     from quantkit.serve.scheduler import LLMEngine
 
-    blocks = c * (-(-(a.prompt_len + a.gen) // 16)) + 8
-    return LLMEngine(model, blocks, 16, max_num_seqs=c, max_num_batched_tokens=max(8192, a.prompt_len), eos_ids=eos)
+    blocks = c * (-(-(a.prompt_len + a.gen) // 16)) + 9  # + the graphs' scratch block
+    eng = LLMEngine(model, blocks, 16, max_num_seqs=c, max_num_batched_tokens=max(8192, a.prompt_len), eos_ids=eos,
+                    enforce_eager=getattr(a, "enforce_eager", False))
+    eng.runner.capture()
+    return eng
 
 
 def run_engine(model, eos, c: int, a, rng):
@@ -131,11 +139,59 @@ def run_engine(model, eos, c: int, a, rng):
     wall = time.perf_counter() - t0
     ttft = statistics.median(r.first_token_time - r.arrival for r in reqs)
     assert all(len(r.output) == a.gen for r in reqs)
-    return prompts, wall, statistics.median(decode_steps), ttft
+    return prompts, wall, statistics.median(decode_steps), ttft, eng
+
+
+def graph_step(eng, c: int, reps: int = 30) -> float:
+    """The captured decode graph of c sequences replayed alone (no scheduler, metadata, sampling or text), on the
+    static buffers the engine's last decode step left: the forward a graphed engine step runs."""
+    import torch
+
+    g, _ = eng.runner.graphs[next(b for b in eng.runner.buckets if b >= c)]
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        s = time.perf_counter()
+        g.replay()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - s)
+    return statistics.median(times[3:])
+
+
+def profile_step(eng, c: int, out: Path) -> None:
+    """A torch profile of one graphed decode step replayed (kernels by total GPU time) -> profile.txt."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    g, _ = eng.runner.graphs[next(b for b in eng.runner.buckets if b >= c)]
+    g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            g.replay()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=90)
+    (out / f"profile_c{c}.txt").write_text(f"5 replays of the decode graph of C = {c}\n{table}\n")
+
+
+def prefill_time(model, n: int, reps: int = 3) -> float:
+    """One prompt of n random tokens, cache-less, logits of its last token only: median seconds."""
+    import torch
+
+    ids = torch.randint(0, model.embed_tokens.shape[0], (n,), device=model.device)
+    times = []
+    with torch.no_grad():
+        for _ in range(reps + 1):
+            sync(model.device)
+            s = time.perf_counter()
+            model(ids, rows=[n - 1])
+            sync(model.device)
+            times.append(time.perf_counter() - s)
+    return statistics.median(times[1:])
 
 
 def raw_decode_step(model, c: int, ctx: int, reps: int = 20) -> float:
-    """The forward alone on a decode batch of c sequences at context ctx (no scheduler, sampling or text)."""
+    """The eager forward alone on a decode batch of c sequences at context ctx (no scheduler, sampling or text)."""
     import torch
 
     cache = model.new_cache(c * (-(-(ctx + reps + 2) // 16)) + 4, 16)
@@ -201,15 +257,24 @@ def main() -> None:
     text = ModelText(ckpt, model.config)
     rng = random.Random(0)
     rows = []
+    for n in [int(x) for x in a.prefill.split(",") if x]:
+        t = prefill_time(model, n)
+        log(json.dumps({"prefill_tokens": n, "seconds": round(t, 4), "tok_s": round(n / t)}))
     for c in a.concurrency:
-        run_engine(model, text.eos_ids, c, argparse.Namespace(prompt_len=a.prompt_len, gen=4), rng)  # warm-up: compile, autotune
-        prompts, wall, step, ttft = run_engine(model, text.eos_ids, c, a, rng)
+        run_engine(model, text.eos_ids, c, argparse.Namespace(prompt_len=a.prompt_len, gen=4, enforce_eager=a.enforce_eager), rng)  # warm-up
+        prompts, wall, step, ttft, eng = run_engine(model, text.eos_ids, c, a, rng)
         ctx = a.prompt_len + a.gen // 2
-        raw = raw_decode_step(model, c, ctx)
+        graphed = eng.runner.graphed
+        raw = graph_step(eng, c) if graphed else raw_decode_step(model, c, ctx)
+        if a.profile and c == a.concurrency[0] and graphed:
+            profile_step(eng, c, a.out)
         floor = step_bytes(model, c, ctx) / (a.hbm_gbs * 1e9)
-        row = {"concurrency": c, "prompt_len": a.prompt_len, "gen": a.gen, "engine_tok_s": c * a.gen / wall,
+        rep = eng.runner.report
+        row = {"concurrency": c, "prompt_len": a.prompt_len, "gen": a.gen, "graphs": graphed, "engine_tok_s": c * a.gen / wall,
                "decode_step_ms": step * 1e3, "raw_step_ms": raw * 1e3, "engine_over_raw": step / raw,
-               "hbm_floor_ms": floor * 1e3, "hbm_share": floor / step, "ttft_ms": ttft * 1e3}
+               "hbm_floor_ms": floor * 1e3, "hbm_share": floor / step, "ttft_ms": ttft * 1e3,
+               "capture_s": rep.seconds if graphed else 0.0, "graph_mib": rep.bytes / 2**20 if graphed else 0.0}
+        del eng
         if not a.no_http:
             eng = new_engine(model, text.eos_ids, c, a)
             server = Server(("127.0.0.1", 0), eng, text, ckpt.name)
@@ -227,12 +292,38 @@ def main() -> None:
     with open(a.out / "results.jsonl", "a") as f:
         for r in rows:
             f.write(json.dumps({"model": ckpt.name, "device": a.device, **r}) + "\n")
-    log(f"\n{ckpt.name}, prompt {a.prompt_len}, {a.gen} generated tokens per request, greedy, bf16 activations")
-    log("| C | engine tok/s | http tok/s | decode step ms | raw forward ms | engine/raw | HBM floor ms | % of HBM | TTFT ms |")
-    log("|---|---|---|---|---|---|---|---|---|")
+    mode = "CUDA graphs" if rows and rows[0]["graphs"] else "eager"
+    log(f"\n{ckpt.name}, prompt {a.prompt_len}, {a.gen} generated tokens per request, greedy, bf16 activations, {mode}")
+    log("| C | engine tok/s | http tok/s | decode step ms | raw forward ms | engine/raw | HBM floor ms | % of HBM | TTFT ms | capture s | graphs MiB |")
+    log("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         log(f"| {r['concurrency']} | {r['engine_tok_s']:.0f} | {r.get('http_tok_s', float('nan')):.0f} | {r['decode_step_ms']:.2f} | "
-            f"{r['raw_step_ms']:.2f} | {r['engine_over_raw']:.2f} | {r['hbm_floor_ms']:.3f} | {100 * r['hbm_share']:.0f} | {r['ttft_ms']:.0f} |")
+            f"{r['raw_step_ms']:.2f} | {r['engine_over_raw']:.2f} | {r['hbm_floor_ms']:.3f} | {100 * r['hbm_share']:.0f} | {r['ttft_ms']:.0f} | "
+            f"{r['capture_s']:.1f} | {r['graph_mib']:.0f} |")
+    if a.plot and rows:
+        plot(rows, a.out / "serve.png", f"{ckpt.name}, prompt {a.prompt_len}, {mode}")
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cs = [r["concurrency"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(cs, [r["engine_tok_s"] for r in rows], "o-", label="output tokens/s")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency C")
+    ax.set_ylabel("output tokens/s")
+    ax2 = ax.twinx()
+    ax2.plot(cs, [100 * r["hbm_share"] for r in rows], "s--", color="tab:red", label="% of HBM floor")
+    ax2.set_ylabel("decode step: % of the HBM floor")
+    ax2.set_ylim(0, 100)
+    ax.set_title(title, fontsize=9)
+    fig.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from torch import nn
 from .batch import Batch
 from .kv_cache import KVCache
 from .layers.mlp import MLP
-from .layers.norm import RMSNorm
+from .layers.norm import RMSNorm, add_norm
 from .qlinear import Fp8Block, Linear, RowGroup
 
 
@@ -28,10 +28,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm, self.post_attention_layernorm = input_norm, post_attn_norm
 
     def forward(self, x: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
-        x = x + self.self_attn.forward_normed(self.input_layernorm, x, batch, cache)  # the norm may fuse with q/k/v's input quantization
+        a = self.self_attn.forward_normed(self.input_layernorm, x, batch, cache)  # the norm may fuse with q/k/v's input quantization
         if isinstance(self.mlp, MLP):  # dense: the norm may fuse with gate/up's input quantization
+            x = x + a
             return x + self.mlp.forward_normed(self.post_attention_layernorm, x)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, h = add_norm(self.post_attention_layernorm, x, a, getattr(self.self_attn, "ops", None))  # one op in bf16
+        return x + self.mlp(h)
 
 
 class CausalLM(nn.Module):

@@ -22,6 +22,7 @@ Graphed steps run the Triton MLA decode (FlashInfer's MLA wrapper plans on the h
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -81,7 +82,7 @@ def eager_reason(model: CausalLM, cache) -> str | None:
 class GraphReport:
     buckets: list[int]
     seconds: float  # capture time, warm-up runs included
-    bytes: int  # device memory the graphs and their static buffers took
+    bytes: int  # device memory the capture took: static buffers, the graphs' pool, the warm-up's cached blocks
 
     def __str__(self) -> str:
         sizes = ",".join(map(str, self.buckets))
@@ -118,8 +119,10 @@ class ModelRunner:
             return self.report
         dev, top, bs = self.model.device, self.buckets[-1], self.cache.block_size
         cuda = dev.type == "cuda"
-        if cuda:
+        if cuda:  # what is free before: without memory a dropped engine or cached blocks still hold (they would go mid-capture)
+            gc.collect()
             torch.cuda.synchronize(dev)
+            torch.cuda.empty_cache()
         free0 = torch.cuda.mem_get_info(dev)[0] if cuda else 0
         t0 = time.perf_counter()
         pad_slot = self.scratch * bs

@@ -13,6 +13,7 @@ lists them); each kernel module registers its backend for the ops it implements 
 | :mod:`.attention_triton`, :mod:`.attention_triton_decode` | triton | attention_prefill, attention_decode (reference: :mod:`.attention`) |
 | :mod:`.attention_flashinfer` | flashinfer (explicit only; when installed) | attention_prefill, attention_decode |
 | :mod:`.mla_triton`   | triton   | mla_decode (reference: :mod:`.mla`)                        |
+| :mod:`.step_triton`  | triton   | rope_rotate, add_rmsnorm (reference: :mod:`.step_ref`)     |
 | :mod:`.mla_flashinfer` | flashinfer (explicit only; when installed) | mla_decode                           |
 | :mod:`.deepgemm`     | deepgemm (explicit only; FlashInfer's copy of DeepGEMM, nvcc, sm_90) | gemm_fp8_block |
 
@@ -33,6 +34,7 @@ from . import dispatch, fused_moe_ref, reference, scaled_mm  # noqa: F401  (refe
 from . import attention  # noqa: F401  (the attention ops' torch references)
 from . import fused_act_quant_ref  # noqa: F401  (the fused norm/activation + act-quant ops' torch references)
 from . import mla  # noqa: F401  (the mla_decode op's torch reference)
+from . import step_ref  # noqa: F401  (rope_rotate and add_rmsnorm: the torch references)
 from .dispatch import BackendUnavailable, Dispatcher, call, which
 
 __all__ = ["dispatch", "call", "which", "Dispatcher", "BackendUnavailable"]
@@ -46,6 +48,7 @@ else:
     from . import attention_triton, attention_triton_decode  # noqa: F401  (register "triton" for the attention ops)
     from . import fused_act_quant  # noqa: F401  (register "triton" for the fused act-quant ops)
     from . import mla_triton  # noqa: F401  (registers "triton" for mla_decode)
+    from . import step_triton  # noqa: F401  (registers "triton" for rope_rotate and add_rmsnorm)
 
 from . import attention_flashinfer  # noqa: F401  (registers "flashinfer" when its package is installed)
 from . import mla_flashinfer  # noqa: F401  (registers "flashinfer" for mla_decode when installed)

@@ -145,7 +145,7 @@ def test_routing_identical_to_the_ops(gen: torch.Generator, r: moe.Routing) -> N
 
 
 def test_triton_interpreter_forward(tiny, tmp_path: Path) -> None:
-    """gpt-oss, 2 layers, MXFP8: act_quant, GEMM, fused MoE (interleaved SwiGLU + biases), sink attention
+    """gpt-oss, 2 layers, MXFP8: act_quant, GEMM, RoPE, fused MoE (interleaved SwiGLU + biases), sink attention
     (prefill paged and ragged, decode) all on Triton's interpreter; ~10 s."""
     q, _ = requantize(tiny("gpt-oss"), tmp_path / "mxfp8", "mxfp8")
     script = Path(__file__).with_name("triton_forward.py")
@@ -153,7 +153,7 @@ def test_triton_interpreter_forward(tiny, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(script), str(q)], env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert r["ran"] == dict.fromkeys(["act_quant_mxfp8", "gemm_mxfp8", "attention_prefill", "fused_moe", "attention_decode"], "triton")
+    assert r["ran"] == dict.fromkeys(["act_quant_mxfp8", "gemm_mxfp8", "attention_prefill", "rope_rotate", "fused_moe", "attention_decode"], "triton")
     for diff, ref in zip(r["max_abs_diff"], r["max_abs_ref"], strict=True):
         assert diff <= INTERPRETER_TOL * max(1.0, ref), r
     assert all(r["argmax_equal"]), r

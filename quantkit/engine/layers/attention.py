@@ -139,6 +139,6 @@ class Attention(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope(q, batch.positions, batch), self.rope(k, batch.positions, batch)
+        q, k = self.rope(q, batch.positions, batch, self.ops), self.rope(k, batch.positions, batch, self.ops)
         o = attend_batch(self.layer, batch, cache, q, {"k": k, "v": v}, None, scale=self.scale, sinks=self.sinks, window=self.window, ops=self.ops)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))

@@ -149,8 +149,8 @@ class MLA(nn.Module):
         q = q.view(t, self.num_heads, self.nope + self.rope_dim)
         q_nope, q_rot = q.split([self.nope, self.rope_dim], dim=-1)
         latent, k_rot = kv_a.split([self.rank, self.rope_dim], dim=-1)
-        new = {"kv": self.kv_a_norm(latent), "k_rot": self.rope(k_rot[:, None, :], batch.positions, batch)[:, 0]}
-        q_rot = self.rope(q_rot, batch.positions, batch)
+        new = {"kv": self.kv_a_norm(latent), "k_rot": self.rope(k_rot[:, None, :], batch.positions, batch, self.ops)[:, 0]}
+        q_rot = self.rope(q_rot, batch.positions, batch, self.ops)
         if cache is not None and batch.attn.decode:
             o = self._decode(q_nope, q_rot, new, batch, cache)
         else:

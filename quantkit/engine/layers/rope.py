@@ -24,6 +24,8 @@ import math
 import torch
 from torch import nn
 
+from ...kernels.dispatch import Dispatcher
+from ...kernels.step_ref import DTYPES as ROPE_DTYPES
 from ..batch import Batch
 
 STYLES = ("half", "interleaved")
@@ -108,13 +110,16 @@ class Rope(nn.Module):
         cos, sin = freqs.cos() * self.scale, freqs.sin() * self.scale
         return cos.to(dtype)[:, None], sin.to(dtype)[:, None]
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, memo: Batch | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, memo: Batch | None = None, ops: Dispatcher | None = None) -> torch.Tensor:
         """x [T, heads, dim] rotated by each token's position; with ``memo`` (the step's batch, whose positions
-        these are) the cos / sin table is made once per step and dtype and shared by every layer."""
+        these are) the cos / sin table is made once per step and dtype and shared by every layer; with ``ops``
+        (the model's dispatcher) the rotation is the ``rope_rotate`` op (one launch on a GPU; the same bytes)."""
         if memo is None:
             cos, sin = self.cos_sin(positions, x.dtype)
         else:
             cos, sin = memo.memoized(("rope", id(self), x.dtype), lambda: self.cos_sin(positions, x.dtype))
+        if ops is not None and x.dim() == 3 and x.stride(-1) == 1 and x.dtype in ROPE_DTYPES:
+            return ops.call("rope_rotate", x, cos[:, 0], sin[:, 0], self.style)
         if self.style == "half":
             x1, x2 = x[..., : self.dim // 2], x[..., self.dim // 2 :]
         else:

@@ -37,7 +37,8 @@ import torch
 from ..engine.kv_cache import KVCache
 from ..engine.model import CausalLM
 from ..engine.runner import ModelRunner
-from .sampling import SamplingParams, TokenLogprobs, logprobs_at, new_generator, sample
+from . import sampling
+from .sampling import Draw, SamplingParams, TokenLogprobs, logprobs_at, new_seed, sample
 from .text import Detokenizer
 
 
@@ -81,7 +82,17 @@ class Request:
     group: Hashable = None  # the client request it belongs to: admission is fair across groups
 
     def __post_init__(self) -> None:
-        self.gen = new_generator(self.params.seed)
+        self.seed = new_seed(self.params.seed)
+        self.gen = torch.Generator().manual_seed(self.seed)  # the host sampler's (sharded serving)
+        self.device_gen: torch.Generator | None = None  # the device sampler's, made on first use
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        """This request's generator on ``device`` (seeded alike on every device)."""
+        if device.type == "cpu":
+            return self.gen
+        if self.device_gen is None or self.device_gen.device != device:
+            self.device_gen = torch.Generator(device=device).manual_seed(self.seed)
+        return self.device_gen
 
     @property
     def num_tokens(self) -> int:
@@ -299,7 +310,14 @@ class LLMEngine:
         if st is None:
             return []
         logits, top = self.runner.run(st.order, st.tokens, st.rows)
-        return self.complete(st, *to_host(logits, self.host_rows(st), top))
+        if logits is None:
+            return self.complete(st, [], {})
+        # where the logits are: the samples that need more than the argmax, drawn together (sampling.sample_rows);
+        # the rows of prompt logprobs go to the host
+        rows, draws = self.device_draws(st, logits.device)
+        picks, top_ids = sampling.sample_rows(logits, rows, draws, top)
+        return self.complete(st, top_ids, to_host(logits, self.host_rows(st, device_sampling=True), top)[1] if self._echo(st) else {},
+                             dict(zip(rows, picks)))
 
     def prepare(self) -> Step | None:
         """Schedule the next batch (None when nothing runs): its tokens, and the logit rows it wants."""
@@ -332,9 +350,10 @@ class LLMEngine:
         out, self.released = self.released, []
         return out
 
-    def complete(self, st: Step, top: list[int], host: dict[int, torch.Tensor]) -> list[Request]:
+    def complete(self, st: Step, top: list[int], host: dict[int, torch.Tensor], picks: dict | None = None) -> list[Request]:
         """Account a batch that ran: ``top`` is every logit row's argmax, ``host`` the rows of
-        :meth:`host_rows` on the host.  The requests that advanced."""
+        :meth:`host_rows` on the host, ``picks`` the rows the device sampler drew (row -> its
+        :data:`sampling.Pick` or the exception it raised).  The requests that advanced."""
         now = time.monotonic()
         self.stats.steps += 1
         done = []
@@ -351,7 +370,7 @@ class LLMEngine:
                     self._prompt_logprobs(r, torch.stack([host[i] for i in range(at, at + len(lp_rows))]), lp_rows)
                 if sample_now:
                     i = at + len(lp_rows)
-                    self._sample(r, host.get(i), top[i], now)
+                    self._sample(r, host.get(i), top[i], now, None if picks is None else picks.get(i))
             except Exception as e:  # its own sampler, logprobs or text failed: it alone ends, the batch goes on
                 self._fail(r, e)
             done.append(r)
@@ -368,15 +387,31 @@ class LLMEngine:
         p = r.params
         return not p.greedy or p.adjusts or p.logprobs is not None or len(r.output) < p.min_tokens
 
-    def host_rows(self, st: Step) -> list[int]:
-        """The logit rows that must reach the host: prompt logprobs, and samples that need more than the argmax
-        (non-greedy sampling, penalties, logprobs)."""
+    def host_rows(self, st: Step, device_sampling: bool = False) -> list[int]:
+        """The logit rows that must reach the host: prompt logprobs, and (unless the device sampler draws them)
+        samples that need more than the argmax (non-greedy sampling, penalties, logprobs)."""
         need = []
         for r, at, lp_rows, sample_now in st.wants:
             need += range(at, at + len(lp_rows))
-            if sample_now and self._needs_row(r):
+            if sample_now and not device_sampling and self._needs_row(r):
                 need.append(at + len(lp_rows))
         return need
+
+    @staticmethod
+    def _echo(st: Step) -> bool:
+        return any(lp_rows for _, _, lp_rows, _ in st.wants)
+
+    def device_draws(self, st: Step, device: torch.device) -> tuple[list[int], list[Draw]]:
+        """The rows the device sampler draws (samples that need more than the argmax) and their :class:`Draw`."""
+        rows, draws = [], []
+        for r, at, lp_rows, sample_now in st.wants:
+            if sample_now and self._needs_row(r):
+                p = r.params
+                early = len(r.output) < p.min_tokens
+                banned = (() if p.ignore_eos else self.eos_ids) + p.stop_token_ids if early else ()
+                rows.append(at + len(lp_rows))
+                draws.append(Draw(p, r.generator(device), r.prompt, r.output, banned))
+        return rows, draws
 
     def _prompt_logprobs(self, r: Request, logits: torch.Tensor, positions: list[int]) -> None:
         if not r.prompt_logprobs:
@@ -384,8 +419,9 @@ class LLMEngine:
         nxt = torch.tensor([r.prompt[p + 1] for p in positions])
         r.prompt_logprobs += logprobs_at(logits, nxt, r.params.prompt_logprobs)
 
-    def _sample(self, r: Request, logits: torch.Tensor | None, argmax: int, now: float) -> None:
-        """The next token of r from its logits row (None where greedy needs only ``argmax``), and its stops."""
+    def _sample(self, r: Request, logits: torch.Tensor | None, argmax: int, now: float, pick=None) -> None:
+        """The next token of r from its logits row (None where greedy needs only ``argmax``) or the device
+        sampler's ``pick``, and its stops."""
         p = r.params
         if p.prompt_logprobs is not None and not r.prompt_logprobs:
             r.prompt_logprobs.append(None)  # a one-token prompt
@@ -393,13 +429,21 @@ class LLMEngine:
             return self._finish(r, "length")
         early = len(r.output) < p.min_tokens  # no stop of any kind yet
         banned = (() if p.ignore_eos else self.eos_ids) + p.stop_token_ids if early else ()
-        t = argmax if logits is None else sample(logits, p, r.gen, r.prompt, r.output, banned)
+        if isinstance(pick, Exception):
+            raise pick
+        if pick is not None:
+            t = pick[0]
+        else:
+            t = argmax if logits is None else sample(logits, p, r.gen, r.prompt, r.output, banned)
         r.output.append(t)
         self.stats.generation_tokens += 1
         if r.first_token_time is None:
             r.first_token_time = now
         if p.logprobs is not None:
-            r.logprobs += logprobs_at(logits.view(1, -1), torch.tensor([t]), p.logprobs)
+            if pick is not None:
+                r.logprobs.append(TokenLogprobs(t, pick[2], pick[1]))
+            else:
+                r.logprobs += logprobs_at(logits.view(1, -1), torch.tensor([t]), p.logprobs)
         hit = r.detok.add(t, check_stop=not early) if r.detok is not None else None
         if hit is not None:
             r.stop_reason = hit

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from quantkit.serve import scheduler
+from quantkit.serve import sampling
 from quantkit.serve.sampling import SamplingParams
 from quantkit.serve.scheduler import LLMEngine
 
@@ -38,14 +38,14 @@ def test_a_request_that_fails_mid_batch_fails_alone(server, model, monkeypatch):
     """Its sampler raises at its third token while another client's request shares its batches: that one gets
     a 500 naming the failure (its other choice aborted), the other its whole greedy continuation."""
     s = server("qwen3")
-    real, seen = scheduler.sample, []
+    real, seen = sampling.prepare_row, []
 
-    def sample(logits, p, gen, prompt=(), output=(), banned=()):
-        if p.seed in (666, 667):
+    def prepare_row(row, d):  # the sampler's per-request step
+        if d.params.seed in (666, 667):
             seen.append(len(s.engine.running))
-            if len(output) >= 2:
+            if len(d.output) >= 2:
                 raise RuntimeError("sampler blew up")
-        return real(logits, p, gen, prompt, output, banned)
+        return real(row, d)
 
     real_step, together = s.engine.step, threading.Event()
 
@@ -56,7 +56,7 @@ def test_a_request_that_fails_mid_batch_fails_alone(server, model, monkeypatch):
         together.set()
         return real_step()
 
-    monkeypatch.setattr(scheduler, "sample", sample)
+    monkeypatch.setattr(sampling, "prepare_row", prepare_row)
     monkeypatch.setattr(s.engine, "step", step)
     ids, got = [40, 41, 42], {}
 

@@ -12,20 +12,24 @@ must exit 0).  Phases:
    response, a stream (with usage), ``n = 2`` sampled choices and a stream it drops after the first
    event.  Every request must be answered correctly (greedy texts equal the reference, streams add
    up, usage counts right) or refused with 429 / 503; a connection reset or any other answer is a
-   failure;
+   failure.  Beside them ``--late-clients`` clients connect and send their request only after the
+   server's header deadline (as a request retransmitted after a full accept queue arrives late): each
+   must read a 408, not find its connection closed or reset;
 3. latency: ``--probe-clients`` clients send whole greedy requests back to back, once alone and once
    beside ``--slowloris`` connections trickling header bytes (reconnecting when cut); the p99 latency
    of the second run must be within ``--max-slowdown`` (2) times the first's (``--no-latency-check``
    reports it without judging: a shared CI machine's timing is not the server's);
 4. the end: ``/metrics`` shows no request running or waiting and the KV cache empty.
 
-Prints one JSON summary on stdout; exit status 0 only if every check held.
+Prints one JSON summary on stdout, with ``connections_broken``: the connections of every phase refused,
+reset or closed without an answer, by kind (none is the goal); exit status 0 only if every check held.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import multiprocessing
 import os
@@ -51,6 +55,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--clients", type=int, default=512)
     p.add_argument("--requests", type=int, default=2, help="requests per client")
+    p.add_argument("--late-clients", type=int, default=16, help="clients sending their request after the header deadline")
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--slowloris", type=int, default=300)
     p.add_argument("--probe-clients", type=int, default=8)
@@ -58,6 +63,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--max-slowdown", type=float, default=2.0)
     p.add_argument("--no-latency-check", action="store_true")
     p.add_argument("--deadline", type=float, default=600.0, help="seconds for the whole run")
+    p.add_argument("--server-log", type=Path, default=None, help="write the server's stderr here (default: discarded)")
     return p.parse_args()
 
 
@@ -71,7 +77,15 @@ def start_server(a, ckpt: Path) -> tuple[subprocess.Popen, str, int]:
     if not m:
         proc.kill()
         raise SystemExit(f"the server did not start: {line}{proc.stderr.read()}")
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # drained: a full pipe would stall it
+    log = open(a.server_log, "w") if a.server_log else None  # noqa: SIM115 (written by the drain thread until the server exits)
+
+    def drain() -> None:  # a full pipe would stall the server
+        for ln in proc.stderr:
+            if log is not None:
+                log.write(ln)
+                log.flush()
+
+    threading.Thread(target=drain, daemon=True).start()
     return proc, m.group(1), int(m.group(2))
 
 
@@ -86,17 +100,20 @@ def dechunk(data: bytes) -> bytes:
     return out
 
 
-async def request(host: str, port: int, method: str, path: str, body: dict | None = None, drop: bool = False):
-    """(status, headers text, body bytes) of one request on its own connection; ``drop``: close after the first event."""
+async def request(host: str, port: int, method: str, path: str, body: dict | None = None, drop: bool = False,
+                  delay: float = 0.0):
+    """(status, headers text, body bytes) of one request on its own connection, sent ``delay`` s after connecting;
+    ``drop``: close after the first event."""
     reader, writer = await asyncio.open_connection(host, port)
     try:
+        await asyncio.sleep(delay)
         data = json.dumps(body).encode() if body is not None else b""
         writer.write(f"{method} {path} HTTP/1.1\r\nHost: load\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
                      "Connection: close\r\n\r\n".encode() + data)
         head = (await reader.readuntil(b"\r\n\r\n")).decode().lower()
-        if drop:
+        if drop and head.split()[1] == "200":  # a refusal (503) is read whole: it has no event to drop after
             await reader.readuntil(b"data: ")
-            return int(head.split()[1]), head, b""
+            return 200, head, b""
         raw = await reader.read()
         return int(head.split()[1]), head, dechunk(raw) if "transfer-encoding: chunked" in head else raw
     finally:
@@ -109,12 +126,28 @@ def events(raw: bytes) -> list:
     return [json.loads(p) for p in parts[:-1]]
 
 
+BROKEN = (ConnectionError, asyncio.IncompleteReadError)  # a connection refused, reset or closed without an answer
+
+
+def broken_kind(e: BaseException) -> str:
+    if isinstance(e, ConnectionRefusedError):
+        return "refused"
+    if isinstance(e, asyncio.IncompleteReadError):
+        return "closed without an answer" if not e.partial else "cut mid-answer"
+    return "reset" if isinstance(e, (ConnectionResetError, BrokenPipeError)) else type(e).__name__
+
+
 class Tally:
     def __init__(self) -> None:
-        self.ok, self.refused, self.failures = 0, 0, []
+        self.ok, self.refused, self.late, self.failures = 0, 0, 0, []  # late: late requests answered 408
+        self.broken: collections.Counter[str] = collections.Counter()  # broken_kind -> connections
 
     def fail(self, what: str) -> None:
         self.failures.append(what)
+
+    def lost(self, what: str, e: BaseException) -> None:
+        self.broken[broken_kind(e)] += 1
+        self.fail(f"{what}: {type(e).__name__}: {e}")
 
 
 async def one(a, host, port, kind: str, prompt: int, ref: dict, t: Tally) -> None:
@@ -124,8 +157,8 @@ async def one(a, host, port, kind: str, prompt: int, ref: dict, t: Tally) -> Non
         body = {**base, "n": 2, "temperature": 0.8, "seed": prompt}
     try:
         status, _, raw = await request(host, port, "POST", "/v1/completions", body, drop=kind == "drop")
-    except (ConnectionError, asyncio.IncompleteReadError) as e:
-        return t.fail(f"{kind}: {type(e).__name__}: {e}")
+    except BROKEN as e:
+        return t.lost(kind, e)
     if status in (429, 503):
         t.refused += 1
         return
@@ -147,6 +180,18 @@ async def one(a, host, port, kind: str, prompt: int, ref: dict, t: Tally) -> Non
     t.ok += 1
 
 
+async def late(a, host, port, t: Tally) -> None:
+    """A request sent after the header deadline: its answer must be a 408."""
+    body = {"model": "load", "prompt": PROMPTS[0], "max_tokens": a.max_tokens}
+    try:
+        status, _, raw = await request(host, port, "POST", "/v1/completions", body, delay=HEADER_TIMEOUT + 0.5)
+    except BROKEN as e:
+        return t.lost("late", e)
+    if status != 408:
+        return t.fail(f"late: status {status}: {raw[:200]!r}")
+    t.late += 1
+
+
 async def load(a, host, port, ref) -> Tally:
     t, rng = Tally(), random.Random(0)
     kinds = ["whole", "stream", "n", "drop"]
@@ -155,7 +200,7 @@ async def load(a, host, port, ref) -> Tally:
         for _ in range(a.requests):
             await one(a, host, port, kinds[c % 4] if _ == 0 else rng.choice(kinds), rng.randrange(len(PROMPTS)), ref, t)
 
-    await asyncio.gather(*(client(c) for c in range(a.clients)))
+    await asyncio.gather(*(client(c) for c in range(a.clients)), *(late(a, host, port, t) for _ in range(a.late_clients)))
     return t
 
 
@@ -202,26 +247,42 @@ def p99(xs: list[float]) -> float:
     return statistics.quantiles(xs, n=100)[98] if len(xs) > 1 else xs[0]
 
 
-async def metrics_idle(host: str, port: int, timeout: float) -> dict:
-    """The gauges once nothing runs or waits (or when ``timeout`` passes)."""
-    end = time.monotonic() + timeout
+async def metrics_idle(host: str, port: int, timeout: float, t: Tally) -> dict:
+    """The gauges once nothing runs or waits (or when ``timeout`` passes; empty if no read succeeded)."""
+    end, g = time.monotonic() + timeout, {}
     while True:
-        _, _, raw = await request(host, port, "GET", "/metrics")
-        g = {m: float(v) for m, v in re.findall(r"^quantkit:(\w+)\{[^}]*\} (\S+)$", raw.decode(), re.M)}
-        if (g["num_requests_running"] == g["num_requests_waiting"] == g["kv_cache_usage_perc"] == 0) or time.monotonic() > end:
+        try:
+            _, _, raw = await request(host, port, "GET", "/metrics")
+            g = {m: float(v) for m, v in re.findall(r"^quantkit:(\w+)\{[^}]*\} (\S+)$", raw.decode(), re.M)}
+        except BROKEN as e:
+            t.lost("metrics", e)
+        idle = g and g["num_requests_running"] == g["num_requests_waiting"] == g["kv_cache_usage_perc"] == 0
+        if idle or time.monotonic() > end:
             return g
         await asyncio.sleep(0.1)
 
 
-async def run(a, host: str, port: int) -> dict:
+async def reference(a, host: str, port: int, t: Tally) -> dict[int, str | None]:
+    """Each prompt's greedy text, alone (None where the connection broke: every later answer to it then fails)."""
     ref = {}
     for i, p in enumerate(PROMPTS):
-        _, _, raw = await request(host, port, "POST", "/v1/completions",
-                                  {"prompt": p, "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True})
-        ref[i] = json.loads(raw)["choices"][0]["text"]
+        try:
+            _, _, raw = await request(host, port, "POST", "/v1/completions",
+                                      {"prompt": p, "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True})
+            ref[i] = json.loads(raw)["choices"][0]["text"]
+        except BROKEN as e:
+            t.lost("reference", e)
+            ref[i] = None
+    return ref
+
+
+async def run(a, host: str, port: int) -> dict:
+    t0 = Tally()  # the reference and /metrics requests
+    ref = await reference(a, host, port, t0)
     start = time.perf_counter()
     t = await load(a, host, port, ref)
     out = {"clients": a.clients, "requests": a.clients * a.requests, "answered": t.ok, "refused": t.refused,
+           "late_clients": a.late_clients, "late_408": t.late,
            "failures": t.failures[:20], "failed": len(t.failures), "load_s": round(time.perf_counter() - start, 2)}
     alone, t1 = await probe(a, host, port, ref)
     stop, cuts = multiprocessing.Event(), multiprocessing.Value("i", 0)
@@ -236,7 +297,9 @@ async def run(a, host: str, port: int) -> dict:
     out.update(p99_alone_s=round(p99(alone), 4), p99_slowloris_s=round(p99(beside), 4), slowloris_cuts=cuts.value,
                probe_failed=len(t1.failures) + len(t2.failures), probe_failures=(t1.failures + t2.failures)[:10])
     out["slowdown"] = round(out["p99_slowloris_s"] / out["p99_alone_s"], 2)
-    out["end_metrics"] = await metrics_idle(host, port, 30)
+    out["end_metrics"] = await metrics_idle(host, port, 30, t0)
+    out["connections_broken"] = dict(t0.broken + t.broken + t1.broken + t2.broken)
+    out["other_failures"] = t0.failures[:10]
     return out
 
 
@@ -262,8 +325,10 @@ def main() -> int:
                 out_rc = "killed"
     m = out["end_metrics"]
     checks = {"every request answered or refused": out["failed"] == 0 and out["answered"] + out["refused"] == out["requests"],
+              "every late request answered 408": out["late_408"] == out["late_clients"],
               "probes answered": out["probe_failed"] == 0,
-              "nothing running, waiting or cached at the end": m["num_requests_running"] == m["num_requests_waiting"] == 0
+              "no connection refused, reset or closed without an answer": not out["connections_broken"],
+              "nothing running, waiting or cached at the end": bool(m) and m["num_requests_running"] == m["num_requests_waiting"] == 0
               and m["kv_cache_usage_perc"] == 0,
               "the server exits 0": out_rc == 0}
     if not a.no_latency_check:

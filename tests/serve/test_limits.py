@@ -1,13 +1,15 @@
 """The server's limits, from raw sockets on loopback: a body too large, a missing API key or an unknown
 path is refused from the request head alone (the body is never sent, so it cannot have been read)
 and the connection closed, so nothing after the head is answered as a request of its own; slow
-heads and bodies are cut at their deadlines; hundreds of clients connecting at once are all
-answered; per-request caps and a full waiting queue get their clear errors; malformed values get a
-400 with the OpenAI error body; non-finite numbers never reach JSON."""
+heads and bodies are cut at their deadlines with a 408; a client still sending when the server
+closes reads its answer (a lingering close, never a reset); hundreds of clients connecting at once
+are all answered; per-request caps and a full waiting queue get their clear errors; malformed values
+get a 400 with the OpenAI error body; non-finite numbers never reach JSON."""
 
 from __future__ import annotations
 
 import json
+import select
 import socket
 import time
 
@@ -95,19 +97,54 @@ def test_a_request_hidden_after_a_refused_head_is_not_answered(server, header, s
 
 
 def test_a_slow_head_or_body_is_cut_at_its_deadline(server):
-    t = time.monotonic()
+    t, got = time.monotonic(), b""
     with socket.create_connection(server.server_address, timeout=10) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\n")
-        for _ in range(20):  # trickling a header byte every 0.1 s does not extend the 0.5 s deadline
-            try:
-                sock.sendall(b"X")
-            except OSError:
-                break
-            time.sleep(0.1)
-        assert sock.recv(100) == b""
-    assert time.monotonic() - t < 3
+        while not got and time.monotonic() - t < 5:  # a header byte every 0.1 s does not extend the 0.5 s deadline
+            sock.sendall(b"X")
+            if select.select([sock], [], [], 0.1)[0]:
+                got = sock.recv(4096)
+        waited = time.monotonic() - t
+        ((status, body),) = responses(got)
+        assert status == 408 and "no whole request head arrived within 0.5 s" in body["error"]["message"]
+        assert sock.recv(100) == b""  # then the server's FIN: the X bytes sent meanwhile were drained, not parsed
+    assert 0.5 <= waited < 2
     ((status, body),) = responses(exchange(server, post("/v1/completions", "Content-Length: 100\r\n", b'{"prompt": ')))
     assert status == 408 and "did not arrive within 0.5 s" in body["error"]["message"]
+
+
+def test_a_request_sent_after_the_head_deadline_gets_a_408_not_a_reset(server):
+    """A client whose request comes late (its packets retransmitted after a full accept queue, its process
+    stalled) reads a 408.  Before, the server closed the connection silently at its deadline, and the late
+    request met an EOF or, landing on the closed socket first, a reset."""
+    with socket.create_connection(server.server_address, timeout=10) as sock:
+        time.sleep(0.8)
+        sock.sendall(post("/v1/completions", "Content-Length: 2\r\n", b"{}"))
+        time.sleep(0.2)  # the request has reached the server's socket before the client reads
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+    ((status, body),) = responses(got)
+    assert status == 408 and body["error"]["code"] == 408
+
+
+def test_a_refusal_reaches_a_client_still_sending_its_body(server):
+    """A client sends its whole 4 MiB body (as clients without ``Expect: 100-continue`` do) while the server
+    refuses it from the head: an asyncio client reads the 413.  Before the lingering close it got
+    ConnectionResetError (3 of 3 runs): the kernel resets a socket closed with unread bytes."""
+    import asyncio
+
+    async def send_all() -> bytes:
+        reader, writer = await asyncio.open_connection(*server.server_address)
+        writer.write(post("/v1/completions", f"Content-Length: {4 << 20}\r\n", b"x" * (4 << 20)))
+        try:
+            await writer.drain()  # the whole body sent before the answer is read, as HTTP clients do
+            return await reader.readuntil(b"\r\n\r\n")
+        finally:
+            writer.close()
+
+    head = asyncio.run(send_all())
+    assert head.startswith(b"HTTP/1.1 413 ") and b"connection: close" in head.lower()
 
 
 def test_hundreds_of_clients_connecting_at_once_are_all_answered(server):

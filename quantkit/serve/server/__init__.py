@@ -73,9 +73,9 @@ class Server:
 
         app = create_app(self)
         lim = self.limits
-        return uvicorn.Config(Guard(app, self, routes(app)), http=protocol_class(lim.header_timeout_s), lifespan="off",
-                              log_level=log_level, access_log=log_level == "info", timeout_keep_alive=lim.keep_alive_s,
-                              backlog=lim.backlog, timeout_graceful_shutdown=10, h11_max_incomplete_event_size=16 << 10)
+        return uvicorn.Config(Guard(app, self, routes(app)), http=protocol_class(lim.header_timeout_s, lim.linger_s),
+                              lifespan="off", log_level=log_level, access_log=log_level == "info",
+                              timeout_keep_alive=lim.keep_alive_s, backlog=lim.backlog, timeout_graceful_shutdown=10, h11_max_incomplete_event_size=16 << 10)
 
     def serve(self, log_level: str = "info") -> None:
         """Serve until :meth:`close` (or SIGINT / SIGTERM in the main thread); then stop the engine thread and

@@ -4,9 +4,17 @@ Two layers, both ahead of the application:
 
 - :func:`protocol_class`: uvicorn's h11 connection with a header deadline.  A connection must deliver a
   whole request head within ``header_timeout_s`` of connecting (or of its previous response), or it
-  is closed: a client trickling header bytes (slowloris) holds a socket for that long, not forever.
-  h11 itself refuses a malformed, negative or conflicting ``Content-Length`` and heads over 16 KiB;
-  its refusal is a 400 with the OpenAI error body, and the connection is closed.
+  gets a 408 and is closed: a client trickling header bytes (slowloris) holds a socket for that long,
+  not forever, and a client whose request was merely late (its packets retransmitted after a full
+  accept queue, its process stalled) reads an answer, not a reset.  An idle keep-alive connection
+  is closed without one.  h11 itself refuses a malformed, negative or conflicting ``Content-Length``
+  and heads over 16 KiB; its refusal is a 400 with the OpenAI error body, and the connection is closed.
+- A close the server starts while the client may still be sending (a refusal before the body was
+  read, a deadline, h11's 400) lingers (:class:`_LingeringTransport`): the answer is sent, then a
+  FIN, and what the client still sends is read and dropped until it closes too (at most
+  ``linger_s``).  Closing a socket with unread bytes makes the kernel send a reset, and a client
+  that gets it before reading the answer loses the answer: a 413 sent while the client still sent
+  its body reached an asyncio client as ``ConnectionResetError`` in 5 of 5 tries.
 - :class:`Guard`, an ASGI middleware, in this order from the head alone: a ``Content-Length`` together
   with ``Transfer-Encoding`` (a request smuggling vector) is a 400; a declared body over
   ``max_body_bytes`` a 413; ``/v1/*`` without the API key a 401; an unknown path a 404, a known path
@@ -21,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -30,6 +39,7 @@ class Limits:
     header_timeout_s: float = 10.0  # connect (or previous response) to a whole request head
     body_timeout_s: float = 60.0  # head to a whole body
     keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
+    linger_s: float = 2.0  # a connection the server closes while the client still sends is drained this long at most
     backlog: int = 2048  # pending connects the kernel queues (capped by net.core.somaxconn)
     max_seqs_per_request: int = 256  # prompts x n of one request
     max_tokens_per_request: int = 1 << 18  # prompt + max_tokens, summed over a request's sequences
@@ -140,24 +150,78 @@ async def refuse(send, status: int, message: str, close: bool = False, headers: 
     await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
-def protocol_class(header_timeout_s: float):
-    """uvicorn's h11 protocol with the header deadline, and its own 400s in the OpenAI error body."""
+def _error_bytes(status: int, reason: str, message: str) -> bytes:
+    """A whole HTTP/1.1 error response with the OpenAI error body that closes the connection, written past h11
+    (its state machine sends no response before a request head, and the connection ends with this one)."""
+    from ..protocol import error_body
+
+    data = json.dumps(error_body(message, status)).encode()
+    head = f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n"
+    return head.encode() + b"connection: close\r\n\r\n" + data
+
+
+class _LingeringTransport:
+    """A connection's transport whose ``close()`` lingers while the client may still be sending (``sending()``:
+    its request not read to the end): what was written goes out, then a FIN, and the connection keeps reading
+    (its protocol drops what comes) until the client closes too or ``linger_s`` passes.  A client whose
+    request was read whole is closed at once, as before.  Everything else is the asyncio transport's own."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop, linger_s: float,
+                 sending: Callable[[], bool]) -> None:
+        self._transport, self._loop, self._linger_s, self._sending = transport, loop, linger_s, sending
+        self.lingering: asyncio.TimerHandle | None = None  # the close at the end of the linger, once closing
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self.lingering is not None or self._transport.is_closing()
+
+    def write(self, data: bytes) -> None:
+        if self.lingering is None:  # once closing, the last answer is out: a later one (the app's refusal of a
+            self._transport.write(data)  # request whose body h11 already refused) is dropped, as a closed socket would
+
+    def close(self) -> None:
+        t = self._transport
+        if self.is_closing():
+            return
+        if not self._sending() or not t.can_write_eof():
+            return t.close()
+        t.write_eof()  # once the buffered answer is sent
+        t.resume_reading()  # flow control may have paused it: the client's bytes must still be drained
+        self.lingering = self._loop.call_later(self._linger_s, t.close)
+
+    def closed(self) -> None:
+        """The connection is gone: the linger's timer has nothing left to close."""
+        if self.lingering is not None:
+            self.lingering.cancel()
+
+
+def protocol_class(header_timeout_s: float, linger_s: float):
+    """uvicorn's h11 protocol with the header deadline, its 408, the lingering close, and h11's own 400s in the
+    OpenAI error body."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    from ..protocol import error_body
+    late = f"no whole request head arrived within {header_timeout_s:g} s"
+    malformed = "not a valid HTTP/1.1 request (request line, headers or Content-Length)"
 
     class GuardedH11(H11Protocol):
         _deadline: asyncio.TimerHandle | None = None
         _timed: object = None  # the request cycle the running deadline waits for (None: the first)
+        _heard = False  # a byte arrived since the deadline was armed
 
         def connection_made(self, transport) -> None:
-            super().connection_made(transport)
+            super().connection_made(_LingeringTransport(transport, self.loop, linger_s, self._sending))
             self._arm()
+
+        def _sending(self) -> bool:
+            """The client may still send: no request begun, a head or body not read to its end, or bytes h11 refused."""
+            return self.conn.their_state not in (h11.DONE, h11.MUST_CLOSE, h11.CLOSED)
 
         def _arm(self) -> None:
             self._disarm()
-            self._timed = self.cycle
+            self._timed, self._heard = self.cycle, False
             self._deadline = self.loop.call_later(header_timeout_s, self._expire)
 
         def _disarm(self) -> None:
@@ -166,10 +230,16 @@ def protocol_class(header_timeout_s: float):
                 self._deadline = None
 
         def _expire(self) -> None:
-            if self.cycle is self._timed and not self.transport.is_closing():
-                self.transport.close()  # no whole request head in time
+            if self.cycle is not self._timed or self.transport.is_closing():
+                return
+            if self._timed is None or self._heard:  # a first request, or a next one begun, is answered
+                self.transport.write(_error_bytes(408, "Request Timeout", late))
+            self.transport.close()  # an idle keep-alive connection just closes, as at its keep-alive timeout
 
         def data_received(self, data: bytes) -> None:
+            if self.transport.lingering is not None:
+                return  # closing: what still comes is drained, never parsed as a request
+            self._heard = True
             super().data_received(data)
             if self.cycle is not self._timed:  # a request head arrived
                 self._disarm()
@@ -182,13 +252,11 @@ def protocol_class(header_timeout_s: float):
 
         def connection_lost(self, exc) -> None:
             self._disarm()
+            self.transport.closed()
             super().connection_lost(exc)
 
         def send_400_response(self, msg: str) -> None:
-            data = json.dumps(error_body("not a valid HTTP/1.1 request (request line, headers or Content-Length)", 400)).encode()
-            head = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), (b"connection", b"close")]
-            for event in (h11.Response(status_code=400, headers=head, reason=b"Bad Request"), h11.Data(data=data), h11.EndOfMessage()):
-                self.transport.write(self.conn.send(event))
+            self.transport.write(_error_bytes(400, "Bad Request", malformed))
             self.transport.close()
 
     return GuardedH11

@@ -132,18 +132,22 @@ class CheckpointWriter:
     """Atomic writer of a checkpoint directory: everything lands in a partial sibling, renamed at the end."""
 
     def __init__(self, dst: str | Path, *, force: bool = False, resume: bool = False, job: dict | None = None,
-                 command: str = "quantkit", sources: Mapping[str, dict[str, str]] | None = None) -> None:
-        """``sources.get(file, {})``: the sha256 of each source file output ``file`` is made from (may wait
-        for them); --resume keeps a file only if these are the same now (headers alone prove nothing: a
-        fixed shard keeps its header)."""
+                 command: str = "quantkit", sources: Mapping[str, dict[str, str]] | None = None,
+                 file_hash: str | None = None) -> None:
+        """``sources.get(file, {})``: the digest of each source file output ``file`` is made from (may wait
+        for them), in scheme ``file_hash``; --resume keeps a file only if these are the same now (headers
+        alone prove nothing: a fixed shard keeps its header).  An interrupted run that recorded another
+        scheme, or none (plain sha256, before schemes were named), cannot be compared: all its files are redone."""
         self.dst = destination.named(dst)  # a symlink DST is the link itself (quantkit/destination.py)
         self.tmp = destination.sibling(self.dst, "partial")
         self.force = force
         self.job = job or {}
         self.sources = sources or {}
+        self.file_hash = file_hash
         self.done: dict[str, str] = {}
         self.made_from: dict[str, dict[str, str]] = {}
         self.stale: list[str] = []  # files of the interrupted run redone because a source file they read changed
+        self.other_scheme: list[str] = []  # ... because it recorded its source digests in another scheme
         try:
             self.lock = destination.Lock(self.dst, command)
         except destination.DestinationError as e:
@@ -175,8 +179,11 @@ class CheckpointWriter:
         if state.get("job") != self.job:
             raise CheckpointError(f"{self.tmp}: the interrupted run used other inputs or options; run without --resume (or with --force) to start over")
         made_from = state.get("made_from", {})
+        comparable = state.get("file_hash") == self.file_hash  # digests of two schemes never match, whatever the bytes
         for fname, digest in state.get("files", {}).items():
-            if made_from.get(fname, {}) != self.sources.get(fname, {}):
+            if not comparable:
+                self.other_scheme.append(fname)
+            elif made_from.get(fname, {}) != self.sources.get(fname, {}):
                 self.stale.append(fname)
             elif (self.tmp / fname).exists() and sha256_file(self.tmp / fname) == digest:
                 self.done[fname] = digest
@@ -184,7 +191,8 @@ class CheckpointWriter:
 
     def _save_progress(self) -> None:
         tmp = self.tmp / (PROGRESS + ".tmp")
-        tmp.write_text(json.dumps({"job": self.job, "files": self.done, "made_from": self.made_from}, indent=1))
+        tmp.write_text(json.dumps({"job": self.job, "file_hash": self.file_hash, "files": self.done,
+                                   "made_from": self.made_from}, indent=1))
         os.replace(tmp, self.tmp / PROGRESS)
 
     def is_done(self, fname: str) -> bool:

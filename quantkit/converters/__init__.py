@@ -79,12 +79,14 @@ def convert(src: str | Path, dst: str | Path, options: ConvertOptions, progress:
         hashes.close()
     rep = run_report(plan, str(dst), fidelity, results, kept, time.perf_counter() - t0, peak)
     rep["run"]["shards_redone_source_changed"] = writer.stale
+    rep["run"]["shards_redone_other_hash_scheme"] = writer.other_scheme
     return rep
 
 
 def _writer(dst: str | Path, plan: Plan, options: ConvertOptions, hashes: SourceHashes) -> CheckpointWriter:
     try:
-        return CheckpointWriter(dst, force=options.force, resume=options.resume, job=plan.job(), command="convert", sources=hashes)
+        return CheckpointWriter(dst, force=options.force, resume=options.resume, job=plan.job(), command="convert", sources=hashes,
+                                file_hash=FILE_HASH)
     except OSError as e:
         if destination.disk_full(e):
             needed = sum(s.nbytes for s in plan.shards)

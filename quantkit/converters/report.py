@@ -100,7 +100,9 @@ def render(rep: dict) -> str:
                      f"output {t['output_gbps']} GB/s, peak RssAnon growth per shard {peak / 2**20:.1f} MiB"
                      + (f", {r['shards_resumed']} shard(s) kept from the interrupted run" if r["shards_resumed"] else "")
                      + (f", {len(r['shards_redone_source_changed'])} redone (a source file they read changed)"
-                        if r.get("shards_redone_source_changed") else ""))
+                        if r.get("shards_redone_source_changed") else "")
+                     + (f", {len(r['shards_redone_other_hash_scheme'])} redone (their source digests were in another scheme)"
+                        if r.get("shards_redone_other_hash_scheme") else ""))
     lines += ["", "| path | tensors | output bytes | exact path | max rel. error | min share exact |", "|---|---|---|---|---|---|"]
     for path, row in sorted(rep["paths"].items()):
         ex = {True: "yes", False: "no"}.get(row.get("exact_path"), "planned")

@@ -17,7 +17,7 @@ from quantkit.checkpoint import CheckpointError
 from quantkit.writer import CheckpointWriter
 from quantkit.converters import ConvertOptions, make_plan
 from quantkit.converters.engine import execute
-from quantkit.converters.provenance import SourceHashes
+from quantkit.converters.provenance import FILE_HASH, SourceHashes
 
 from .support import run, shard_bytes, tensors
 
@@ -110,7 +110,7 @@ def test_resume_rewrites_a_corrupted_shard(synth, tmp_path) -> None:
     opts = dict(max_shard_size=1_000_000, **STOCHASTIC)
     run(src, tmp_path / "ref", **opts)
     plan = make_plan(str(src), ConvertOptions(**opts))
-    writer = CheckpointWriter(tmp_path / "o", job=plan.job(), sources=SourceHashes(plan))
+    writer = CheckpointWriter(tmp_path / "o", job=plan.job(), sources=SourceHashes(plan), file_hash=FILE_HASH)
     execute(plan, writer, lambda n: None)  # every shard written, then "killed" before the commit
     writer.close()  # its lock goes with the killed process
     assert not (tmp_path / "o").exists()

@@ -23,7 +23,7 @@ from quantkit import destination, writer
 from quantkit.writer import CheckpointWriter
 from quantkit.converters import ConvertOptions, convert, make_plan
 from quantkit.converters.engine import execute
-from quantkit.converters.provenance import SourceHashes
+from quantkit.converters.provenance import FILE_HASH, SourceHashes
 from quantkit.synth import synthesize
 
 from ..converters.support import shard_bytes
@@ -143,7 +143,7 @@ def test_resume_redoes_shards_whose_source_bytes_changed(base: Path, tmp_path: P
     shutil.copytree(base, src)
     opts = ConvertOptions(to="fp8-block", max_shard_size=1_000_000)
     plan = make_plan(str(src), opts)
-    w = CheckpointWriter(tmp_path / "o", job=plan.job(), sources=SourceHashes(plan))
+    w = CheckpointWriter(tmp_path / "o", job=plan.job(), sources=SourceHashes(plan), file_hash=FILE_HASH)
     execute(plan, w, lambda n: None)  # every shard written, then killed before the commit
     w.close()
     changed = sorted(src.glob("*.safetensors"))[0]
@@ -156,8 +156,35 @@ def test_resume_redoes_shards_whose_source_bytes_changed(base: Path, tmp_path: P
     convert(src, tmp_path / "ref", ConvertOptions(to="fp8-block", max_shard_size=1_000_000))
     assert shard_bytes(tmp_path / "o") == shard_bytes(tmp_path / "ref")
     sources = json.loads((tmp_path / "o" / "quantkit.json").read_text())["source"]
-    assert sources["file_hash"] == "sha256"
-    assert sources["files"][changed.name] == hashlib.sha256(changed.read_bytes()).hexdigest()
+    assert sources["file_hash"] == "sha256-tree-64MiB"
+    leaf = hashlib.sha256(changed.read_bytes()).digest()  # the file is under 64 MiB: one leaf
+    assert sources["files"][changed.name] == hashlib.sha256(leaf + (64 << 20).to_bytes(8, "little")).hexdigest()
+
+
+@pytest.mark.parametrize("recorded", [None, "sha256"])
+def test_resume_redoes_shards_whose_source_digests_are_in_another_scheme(base: Path, tmp_path: Path, recorded) -> None:
+    """A partial run that recorded plain sha256 digests (None: written before schemes were named) cannot be
+    compared with today's: every shard is redone, and reported so, not kept and not called a changed source."""
+    opts = dict(to="fp8-block", max_shard_size=1_000_000)
+    plan = make_plan(str(base), ConvertOptions(**opts))
+    w = CheckpointWriter(tmp_path / "o", job=plan.job(), sources=SourceHashes(plan), file_hash=FILE_HASH)
+    execute(plan, w, lambda n: None)  # every shard written, then killed before the commit
+    w.close()
+    prog = w.tmp / "progress.json"
+    state = json.loads(prog.read_text())
+    plain = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in base.glob("*.safetensors")}
+    state["made_from"] = {f: {n: plain[n] for n in made} for f, made in state["made_from"].items()}
+    state.pop("file_hash")
+    if recorded:
+        state["file_hash"] = recorded
+    prog.write_text(json.dumps(state))
+    rep = convert(base, tmp_path / "o", ConvertOptions(resume=True, **opts))
+    r = rep["run"]
+    assert r["shards_redone_other_hash_scheme"] == [sh.file for sh in plan.shards] and len(plan.shards) > 1
+    assert r["shards_resumed"] == 0 and r["shards_redone_source_changed"] == []
+    convert(base, tmp_path / "ref", ConvertOptions(**opts))
+    assert shard_bytes(tmp_path / "o") == shard_bytes(tmp_path / "ref")
+    assert json.loads((tmp_path / "o" / "quantkit.json").read_text())["source"]["file_hash"] == FILE_HASH
 
 
 def test_inspect_reports_a_side_file_outside(base: Path, tmp_path: Path) -> None:

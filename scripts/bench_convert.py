@@ -168,7 +168,7 @@ def report(rows: list[dict], args: argparse.Namespace) -> str:
                 "a cold first run adds the kernels' compile time)." if args.warmup else "No untimed warm-up run."), "",
              f"Command: `{cmd}`", "", *table(rows), "",
              "Source / output GB/s = tensor bytes read / written per second of the whole conversion (planning, "
-             "numerics, per-tensor fidelity, sha256 of the output, writing, and the sha256 of every source file that --resume checks). I/O floor = plain read() of the source shards plus "
+             "numerics, per-tensor fidelity, sha256 of the output, writing, and the sha256-tree-64MiB digest of every source file that --resume checks). I/O floor = plain read() of the source shards plus "
              "write() of as many bytes as the output has, measured in the same run; x floor = conversion time / floor "
              "time; CPU s = user + system CPU seconds of the conversion, all threads and worker processes (on a shared machine the steadier figure). Peak RssAnon = largest growth of anonymous RSS in a process converting a shard (mmapped source "
              "pages excluded). Embeddings and lm_head (2 x 1.16 GB) are copies, so a cut depth flatters GB/s.", ""]

@@ -171,7 +171,32 @@ def profile_step(eng, c: int, out: Path) -> None:
             g.replay()
         torch.cuda.synchronize()
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=90)
-    (out / f"profile_c{c}.txt").write_text(f"5 replays of the decode graph of C = {c}\n{table}\n")
+    (out / f"profile_c{c}.txt").write_text(f"5 replays of the decode graph of C = {c}\n{exclusive_times(prof, 5)}\n\n{table}\n")
+
+
+def exclusive_times(prof, steps: int) -> str:
+    """Per kernel name: launches and microseconds per step counted once on the GPU's timeline (a kernel launched
+    as a programmatic dependent starts before its predecessor ends; the overlap is the predecessor's), and the
+    idle gaps between kernels: where a step's time goes, summing to its wall time."""
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CUDA") and e.time_range.end > e.time_range.start)
+    if not spans:
+        return "(no kernel events)"
+    busy: dict[str, list[float]] = {}
+    gap, end = 0.0, spans[0][0]
+    for s, e, name in spans:
+        gap += max(0.0, s - end)
+        own = max(0.0, e - max(s, end))
+        slot = busy.setdefault(name[:70], [0, 0.0])
+        slot[0] += 1
+        slot[1] += own
+        end = max(end, e)
+    total = end - spans[0][0]
+    rows = sorted(busy.items(), key=lambda kv: -kv[1][1])
+    lines = [f"timeline per step: {total / steps:.1f} us, of which idle between kernels {gap / steps:.1f} us",
+             "| kernel | launches / step | us / step (own) | share |", "|---|---|---|---|"]
+    lines += [f"| {n} | {k / steps:.1f} | {t / steps:.1f} | {100 * t / total:.1f}% |" for n, (k, t) in rows[:30]]
+    return "\n".join(lines)
 
 
 def prefill_time(model, n: int, reps: int = 3) -> float:
@@ -266,8 +291,11 @@ def main() -> None:
         ctx = a.prompt_len + a.gen // 2
         graphed = eng.runner.graphed
         raw = graph_step(eng, c) if graphed else raw_decode_step(model, c, ctx)
-        if a.profile and c == a.concurrency[0] and graphed:
-            profile_step(eng, c, a.out)
+        if a.profile and c in (a.concurrency[0], a.concurrency[-1]) and graphed:
+            try:
+                profile_step(eng, c, a.out)
+            except Exception as e:  # a profile is a by-product: the figures go on without it
+                log(f"profile of C = {c} failed: {type(e).__name__}: {e}")
         floor = step_bytes(model, c, ctx) / (a.hbm_gbs * 1e9)
         rep = eng.runner.report
         row = {"concurrency": c, "prompt_len": a.prompt_len, "gen": a.gen, "graphs": graphed, "engine_tok_s": c * a.gen / wall,

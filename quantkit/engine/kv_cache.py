@@ -124,15 +124,17 @@ class KVCache:
     def schedule_decode(self, seqs: list[Hashable]) -> tuple[list[int], list[int], list[list[int]]]:
         """:meth:`schedule` of one new token per sequence, as plain ints for a CUDA-graph step's static buffers:
         (positions, cache slots, block tables); each sequence then attends to position + 1 keys."""
-        bs, positions, slots, tables = self.block_size, [], [], []
+        bs, lengths, positions, slots, tables = self.block_size, self.lengths, [], [], []
         for seq in seqs:
-            p = self.lengths.get(seq, 0)
-            self._grow(seq, p + 1)
-            table = self.tables[seq]
+            p = lengths.get(seq, 0)
+            table = self.tables.get(seq)
+            if table is None or p >= len(table) * bs:  # a new block (once every block_size steps)
+                self._grow(seq, p + 1)
+                table = self.tables[seq]
             positions.append(p)
             slots.append(table[p // bs] * bs + p % bs)
             tables.append(table)
-            self.lengths[seq] = p + 1
+            lengths[seq] = p + 1
         return positions, slots, tables
 
     def reserve_block(self) -> int:

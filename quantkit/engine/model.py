@@ -118,10 +118,13 @@ class CausalLM(nn.Module):
     def gemm_shapes(self) -> set[tuple[int, int]]:
         """(N, K) of the fp8-block GEMMs this model runs through its dispatcher with quantized activations: every
         such linear (one expert's matrix for stacked experts) and the row groups' fused projections (made now,
-        as on their first use)."""
+        as on their first use); not MLA's kv_b_proj, whose dequantized weight the attention multiplies."""
         groups = [v for m in self.modules() for v in vars(m).values() if isinstance(v, RowGroup)]
         fused = [(g, g.fused()) for g in groups]
         replaced = {id(p.weight) for g, f in fused if f is not None for p in g.parts}  # the fused GEMM runs instead
+        from .layers.mla import MLA
+
+        replaced |= {id(m.kv_b_proj.weight) for m in self.modules() if isinstance(m, MLA)}  # MLA multiplies it dequantized
         weights = [w for w in self.modules() if isinstance(w, Fp8Block) and id(w) not in replaced]
         weights += [f.weight for _, f in fused if f is not None and isinstance(f.weight, Fp8Block)]
         return {tuple(w.shape) for w in weights if w.act is not None}

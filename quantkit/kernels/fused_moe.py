@@ -248,11 +248,12 @@ def _combine_kernel(y_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, ROUND: tl.con
     tl.store(out_ptr + t * H + offs, bf16_round(acc, ROUND).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _quant(x: torch.Tensor, fmt: str, spec: MoeSpec, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row activation quantization: (E4M3 [R, K], F32 [R, ceil(K/128)] or U8 [R, K/32])."""
+def _quant(x: torch.Tensor, fmt: str, spec: MoeSpec, pdl: bool = False, live_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row activation quantization: (E4M3 [R, K], F32 [R, ceil(K/128)] or U8 [R, K/32]); rows at or past
+    ``live_rows`` (int32 [1], on the device) are not read and quantize as zeros."""
     if fmt == "fp8-block":
-        return act_quant_fp8_block(x, spec.scale_fmt, spec.rule, pdl=pdl)
-    return mxfp8_quantize(x, spec.rule, pdl=pdl)
+        return act_quant_fp8_block(x, spec.scale_fmt, spec.rule, pdl=pdl, live_rows=live_rows)
+    return mxfp8_quantize(x, spec.rule, pdl=pdl, live_rows=live_rows)
 
 
 def _gemm(a: torch.Tensor, sa: torch.Tensor | None, w: ExpertWeights, out: torch.Tensor, al: Alignment, n_slots: int,
@@ -373,15 +374,18 @@ def _experts_sorted(x, w13, w2, spec, al, k, cfg, y, x_q=None) -> None:
     assert not cfg.fuse_quant, f"{cfg.name()}: sorted rows take activations quantized once"
     n, inter = y.shape[0], w2.q.shape[2]
     a, sa = gather_rows(*(_quant(x, w13.fmt, spec) if x_q is None else x_q), al, n, k)  # [cap, H] in sorted order
-    mid = torch.empty((al.sorted_ids.shape[0], inter), dtype=x.dtype, device=x.device)  # [cap, I], sorted order
+    # [cap, I], sorted order; GEMM 1 writes the rows below num_padded only (its programs past it exit), so its
+    # quantizer reads no further (the rest is whatever the allocation held: the CPU interpreter warned of its NaN
+    # arithmetic) and GEMM 2's programs there exit too
+    mid = torch.empty((al.sorted_ids.shape[0], inter), dtype=x.dtype, device=x.device)
     if cfg.wgmma:  # fused_moe checked wgmma_why_not
         sorted_gemm_wgmma(a, sa, w13, mid, al, n, spec, True, ACT_CODES[spec.activation], cfg.num_stages, cfg.group_m)
-        mq, ms = _quant(mid, w13.fmt, spec)
+        mq, ms = _quant(mid, w13.fmt, spec, live_rows=al.num_padded)
         sorted_gemm_wgmma(mq, ms, w2, y, al, n, spec, False, 0, cfg.num_stages, cfg.group_m)
         return
     launch = (cfg.num_warps, cfg.num_stages, cfg.group_m, cfg.mx_step)
     sorted_gemm(a, sa, w13, mid, al, n, spec, True, cfg.block_n1, ACT_CODES[spec.activation], *launch)
-    mq, ms = _quant(mid, w13.fmt, spec)
+    mq, ms = _quant(mid, w13.fmt, spec, live_rows=al.num_padded)
     sorted_gemm(mq, ms, w2, y, al, n, spec, False, cfg.block_n2, 0, *launch)
 
 

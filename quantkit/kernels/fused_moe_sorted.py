@@ -14,8 +14,9 @@ grouped layout; vLLM's ``moe_permute`` + grouped GEMM):
    the epilogue, written in sorted order -> [cap, I]; interleaved gate/up (GPT-OSS: rows 2j,
    2j+1) is one dot over 2 x BLOCK_N rows whose columns are split in the epilogue,
    concatenated gate/up (rows j, I + j) two dots;
-3. the intermediate is quantized per row like x and GEMM 2 (down [E, H, I]) reads it as dense
-   rows again, storing row r to slot ``sorted_ids[r]`` -> [T*k, H];
+3. the intermediate is quantized per row like x (its rows past ``num_padded``, never written, are
+   not read: they quantize as zeros) and GEMM 2 (down [E, H, I]) reads it as dense rows again,
+   storing row r to slot ``sorted_ids[r]`` -> [T*k, H];
 4. the combine of :mod:`.fused_moe` (fixed order, no atomics).
 
 The products are those of the gathered-row kernel: FP8-block walks K in 128-column steps with

@@ -97,10 +97,10 @@ def quant_outputs(
 
 @triton.jit(do_not_specialize=["k0", "k1", "offset", "m_pad"])
 def _group_quant_kernel(
-    x_ptr, q_ptr, s_ptr, M, K, n_groups, k0, k1, offset, ss_m, ss_g, m_pad,
+    x_ptr, q_ptr, s_ptr, live_ptr, M, K, n_groups, k0, k1, offset, ss_m, ss_g, m_pad,
     G: tl.constexpr, BLOCK_M: tl.constexpr, GROUPS: tl.constexpr,
     MODE: tl.constexpr, RCEIL: tl.constexpr, STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr, WRAP: tl.constexpr,
-    PDL: tl.constexpr = False,
+    LIVE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     pdl_enter(PDL)
     row0 = tl.program_id(0).to(tl.int64) * BLOCK_M
@@ -111,7 +111,10 @@ def _group_quant_kernel(
     cols = g[None, :, None] * G + tl.arange(0, G)[None, None, :]  # [1, GR, G], int32 from the tile start
     mask = (r[:, None, None] < M - row0) & (cols < K - grp0 * G)
     off = r[:, None, None] * K + cols  # int32 offsets inside the tile
-    x = tl.load(x_ptr + base + off, mask=mask, other=0.0).to(tl.float32)
+    live = mask
+    if LIVE:  # rows at or past *live_ptr are not read: they quantize as zeros (an MoE buffer's unused capacity)
+        live = mask & (r[:, None, None] < tl.load(live_ptr) - row0)
+    x = tl.load(x_ptr + base + off, mask=live, other=0.0).to(tl.float32)
 
     amax = abs_max(x, 2)  # [BM, GR]
     if MODE == 0:
@@ -135,11 +138,14 @@ def _group_quant_kernel(
 def _launch(
     x: torch.Tensor, group: int, mode: int, rule: str, rounding: Rounding, scale_dtype: torch.dtype,
     tile: tuple[int, int], num_warps: int, hw_cast: bool | None, pdl: bool = False, scale_mn: bool = False,
+    live_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     e8m0.check_rule(rule)
     check_input(x, "group quantization input")
     assert x.dim() >= 1, "group quantization needs at least one dim (K)"
     assert group >= 16 and group & (group - 1) == 0, f"group must be a power of two >= 16, got {group}"
+    live_ok = live_rows is None or (live_rows.dtype == torch.int32 and live_rows.numel() == 1 and live_rows.device == x.device)
+    assert live_ok, "live_rows: int32 [1] on x's device"
     k = x.shape[-1]
     m = x.numel() // k if k else 0
     n_groups = cdiv(k, group)
@@ -151,10 +157,10 @@ def _launch(
     if m and k:
         grid = (cdiv(m, block_m), cdiv(n_groups, groups))
         _group_quant_kernel[grid](
-            x, q.view(torch.uint8), s, m, k, n_groups, k0, k1, rounding.offset, *s_strides,
+            x, q.view(torch.uint8), s, x if live_rows is None else live_rows, m, k, n_groups, k0, k1, rounding.offset, *s_strides,
             G=group, BLOCK_M=block_m, GROUPS=groups, MODE=mode, RCEIL=rule == "rceil",
             STOCHASTIC=rounding.stochastic, WRAP=rounding.stochastic and wraps(rounding.offset, x.numel()), HW_CAST=hw_e4m3(x.device, hw_cast),
-            PDL=pdl, num_warps=num_warps, launch_pdl=pdl,
+            LIVE=live_rows is not None, PDL=pdl, num_warps=num_warps, launch_pdl=pdl,
         )  # fmt: skip
     return q, s
 
@@ -170,16 +176,19 @@ def mxfp8_quantize(
     num_warps: int = 4,
     hw_cast: bool | None = None,
     pdl: bool = False,
+    live_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., K] -> (F8_E4M3 [..., K], U8 E8M0 [..., K/32]).
 
     ``tile`` = (rows, groups) per program; ``hw_cast``: E4M3 by the hardware cast (None: where exact);
-    ``pdl``: launched as a programmatic dependent (:func:`.triton_numerics.pdl_enter`; compiled sm_90+ only).
+    ``pdl``: launched as a programmatic dependent (:func:`.triton_numerics.pdl_enter`; compiled sm_90+ only);
+    ``live_rows``: int32 [1] on x's device, read there (no host sync): the (flattened) rows at or past it are not
+    read and quantize as zeros -- an MoE buffer's capacity past its alignment's ``num_padded``, never written.
     """
     k = x.shape[-1]
     if k % mxfp8.BLOCK:
         raise ValueError(f"MXFP8 needs K to be a multiple of {mxfp8.BLOCK}, got {k}")
-    return _launch(x, mxfp8.BLOCK, MODE_MX, rule, rounding, torch.uint8, tile, num_warps, hw_cast, pdl)
+    return _launch(x, mxfp8.BLOCK, MODE_MX, rule, rounding, torch.uint8, tile, num_warps, hw_cast, pdl, live_rows=live_rows)
 
 
 @dispatch.backend("act_quant_fp8_block", "triton", available=available, priority=PRIORITY)
@@ -194,10 +203,11 @@ def act_quant_fp8_block(
     hw_cast: bool | None = None,
     pdl: bool = False,
     scale_mn: bool = False,
+    live_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., K] -> (F8_E4M3 [..., K], F32 scales [..., ceil(K/group)]), DeepSeek act_quant; ``pdl`` as in
-    :func:`mxfp8_quantize`; ``scale_mn``: the scales MN-major (:func:`quantkit.formats.fp8_block.empty_act_scales`)."""
+    """[..., K] -> (F8_E4M3 [..., K], F32 scales [..., ceil(K/group)]), DeepSeek act_quant; ``pdl`` and ``live_rows``
+    as in :func:`mxfp8_quantize`; ``scale_mn``: the scales MN-major (:func:`quantkit.formats.fp8_block.empty_act_scales`)."""
     if scale_fmt not in fp8_block.SCALE_FMTS:
         raise ValueError(f"scale format must be one of {fp8_block.SCALE_FMTS}, not {scale_fmt!r}")
     mode = MODE_UE8M0 if scale_fmt == "ue8m0" else MODE_FLOAT
-    return _launch(x, group, mode, rule, NEAREST, torch.float32, tile, num_warps, hw_cast, pdl, scale_mn)
+    return _launch(x, group, mode, rule, NEAREST, torch.float32, tile, num_warps, hw_cast, pdl, scale_mn, live_rows)

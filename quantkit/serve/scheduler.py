@@ -85,6 +85,9 @@ class Request:
         self.seed = new_seed(self.params.seed)
         self.gen = torch.Generator().manual_seed(self.seed)  # the host sampler's (sharded serving)
         self.device_gen: torch.Generator | None = None  # the device sampler's, made on first use
+        p = self.params
+        # plain greedy: once past min_tokens its argmax alone picks the next token (no logits row, no draw)
+        self.argmax_only = p.greedy and not p.adjusts and p.logprobs is None
 
     def generator(self, device: torch.device) -> torch.Generator:
         """This request's generator on ``device`` (seeded alike on every device)."""
@@ -101,7 +104,9 @@ class Request:
     def token_slice(self, start: int, stop: int) -> list[int]:
         """tokens[start:stop] without building the whole list (a decode step reads one token)."""
         n = len(self.prompt)
-        return self.prompt[start:min(stop, n)] + self.output[max(start - n, 0):max(stop - n, 0)]
+        if start >= n:  # generated tokens only (a decode step)
+            return self.output[start - n:stop - n]
+        return self.prompt[start:min(stop, n)] + self.output[:max(stop - n, 0)]
 
     @property
     def finished(self) -> bool:
@@ -263,23 +268,22 @@ class LLMEngine:
 
     def _schedule(self) -> dict[Request, int]:
         budget, plan, reserved = self.max_num_batched_tokens, {}, 0  # reserved: blocks this step's earlier entries take
-
-        def fits(r: Request, n: int) -> bool:
-            return self._blocks_needed(r, n) <= len(self.cache.free_blocks) - reserved
-
-        for r in list(self.running):
-            if r not in self.running:  # preempted below for an earlier request
-                continue
+        running, free, i = self.running, self.cache.free_blocks, 0
+        while i < len(running):  # preemption takes requests from the end of the list: r stays running[i]
+            r = running[i]
             n = min(r.num_tokens - r.computed, budget)
             if n < 1:
                 break
-            while not fits(r, n):
-                victim = self.running[-1]
+            new = self._blocks_needed(r, n)  # preempting others leaves r's need as it is
+            while new > len(free) - reserved:  # the most recently admitted make room, down to r itself
+                victim = running[-1]
                 self._preempt(victim)
                 if victim is r:
                     break
-            if r in self.running:
-                plan[r], budget, reserved = n, budget - n, reserved + self._blocks_needed(r, n)
+            if i == len(running):  # r was preempted, after every request behind it: nothing more runs
+                break
+            plan[r], budget, reserved = n, budget - n, reserved + new
+            i += 1
         bs = self.cache.block_size
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             r = self._next_waiting()
@@ -334,11 +338,11 @@ class LLMEngine:
             if r.params.prompt_logprobs is not None and len(r.prompt_logprobs) < len(r.prompt):
                 # rows whose next token is a prompt token not scored yet
                 lp_rows = [p for p in range(start, start + n) if len(r.prompt_logprobs) <= p + 1 < len(r.prompt)]
-            mine = [row + p - start for p in lp_rows]
-            if sample_now:
-                mine.append(row + n - 1)
             wants.append((r, len(rows), lp_rows, sample_now))
-            rows += mine
+            if lp_rows:
+                rows += [row + p - start for p in lp_rows]
+            if sample_now:
+                rows.append(row + n - 1)
             row += n
         return Step(plan, [(r.id, n) for r, n in plan.items()], ids, rows, wants)
 
@@ -355,14 +359,15 @@ class LLMEngine:
         :meth:`host_rows` on the host, ``picks`` the rows the device sampler drew (row -> its
         :data:`sampling.Pick` or the exception it raised).  The requests that advanced."""
         now = time.monotonic()
-        self.stats.steps += 1
+        stats, bs, caching = self.stats, self.cache.block_size, self.caching
+        stats.steps += 1
         done = []
         for r, at, lp_rows, sample_now in st.wants:
             before, r.computed = r.computed, r.computed + st.plan[r]
-            if not r.preemptions:  # a recomputation is not new prompt
-                self.stats.prompt_tokens += min(r.computed, len(r.prompt)) - min(before, len(r.prompt))
-            full = r.computed // self.cache.block_size
-            if self.caching and full > r.committed:  # blocks now full and written: index them for later prompts
+            if not r.preemptions and before < len(r.prompt):  # a recomputation is not new prompt
+                stats.prompt_tokens += min(r.computed, len(r.prompt)) - before
+            full = r.computed // bs
+            if caching and full > r.committed:  # blocks now full and written: index them for later prompts
                 self.cache.commit(r.id, r.committed, self._hashes(r, full)[r.committed:])
                 r.committed = full
             try:
@@ -384,8 +389,7 @@ class LLMEngine:
 
     def _needs_row(self, r: Request) -> bool:
         """Whether sampling r needs its logits row on the host: anything but plain greedy."""
-        p = r.params
-        return not p.greedy or p.adjusts or p.logprobs is not None or len(r.output) < p.min_tokens
+        return not r.argmax_only or len(r.output) < r.params.min_tokens
 
     def host_rows(self, st: Step, device_sampling: bool = False) -> list[int]:
         """The logit rows that must reach the host: prompt logprobs, and (unless the device sampler draws them)
@@ -428,13 +432,15 @@ class LLMEngine:
         if len(r.output) >= p.max_tokens:  # max_tokens 0: the prompt's logprobs only
             return self._finish(r, "length")
         early = len(r.output) < p.min_tokens  # no stop of any kind yet
-        banned = (() if p.ignore_eos else self.eos_ids) + p.stop_token_ids if early else ()
         if isinstance(pick, Exception):
             raise pick
         if pick is not None:
             t = pick[0]
+        elif logits is None:
+            t = argmax
         else:
-            t = argmax if logits is None else sample(logits, p, r.gen, r.prompt, r.output, banned)
+            banned = (() if p.ignore_eos else self.eos_ids) + p.stop_token_ids if early else ()
+            t = sample(logits, p, r.gen, r.prompt, r.output, banned)
         r.output.append(t)
         self.stats.generation_tokens += 1
         if r.first_token_time is None:

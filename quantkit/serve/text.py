@@ -30,27 +30,36 @@ HARMONY_MARKERS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|retu
 
 
 class Detokenizer:
-    def __init__(self, tokenizer, skip_special_tokens: bool = True, stop: tuple[str, ...] = (), include_stop_str: bool = False) -> None:
+    def __init__(self, tokenizer, skip_special_tokens: bool = True, stop: tuple[str, ...] = (), include_stop_str: bool = False,
+                 pieces: dict[int, str] | None = None) -> None:
+        """``pieces``: single tokens decoded with these settings, shared by a tokenizer's detokenizers
+        (:meth:`ModelText.detokenizer`): the text before a new token is most often its previous token's."""
         self.tok, self.skip = tokenizer, skip_special_tokens
         self.stop, self.include_stop = tuple(stop), include_stop_str
         self.hold = max((len(s) for s in self.stop), default=1) - 1
+        self.pieces = {} if pieces is None else pieces
         self.ids: list[int] = []
         self.text = ""
         self._prefix = self._read = 0
+        self._before: str | None = None  # ids[_prefix:_read] decoded, once known
         self._sent = 0
         self.final = self.stopped = False
 
     def add(self, token: int, check_stop: bool = True) -> str | None:
         """Append one token; the stop string it completed, if any (the text then ends before it).
         ``check_stop`` False (before ``min_tokens``): no stop string is looked for in this token's text."""
-        self.ids.append(token)
-        before = self.tok.decode(self.ids[self._prefix:self._read], skip_special_tokens=self.skip)
-        now = self.tok.decode(self.ids[self._prefix:], skip_special_tokens=self.skip)
+        ids = self.ids
+        ids.append(token)
+        before = self._before
+        if before is None:
+            before = self._before = self.tok.decode(ids[self._prefix:self._read], skip_special_tokens=self.skip)
+        now = self.tok.decode(ids[self._prefix:], skip_special_tokens=self.skip)
         if len(now) <= len(before) or now.endswith("\ufffd"):
             return None  # an incomplete character: wait for the rest of its bytes
         old = len(self.text)
         self.text += now[len(before):]
-        self._prefix, self._read = self._read, len(self.ids)
+        self._prefix, self._read = self._read, len(ids)
+        self._before = self._piece(token) if self._read - self._prefix == 1 else None
         if not self.stop or not check_stop:
             return None
         start = max(0, old - self.hold)
@@ -62,6 +71,12 @@ class Detokenizer:
         self.stopped = True
         return s
 
+    def _piece(self, token: int) -> str:
+        text = self.pieces.get(token)
+        if text is None:
+            text = self.pieces[token] = self.tok.decode([token], skip_special_tokens=self.skip)
+        return text
+
     def finish(self) -> None:
         """The request ended: bytes still waiting for the rest of a character are decoded as they are
         (U+FFFD), as decoding all the tokens at once gives them; not after a stop string."""
@@ -70,6 +85,7 @@ class Detokenizer:
             now = self.tok.decode(self.ids[self._prefix:], skip_special_tokens=self.skip)
             self.text += now[len(before):]
             self._prefix = self._read = len(self.ids)
+            self._before = None
         self.final = True
 
     def delta(self) -> str:
@@ -145,6 +161,8 @@ class ModelText:
             template = jinja_path.read_text(encoding="utf-8")
         self.chat_template = template
         self.eos_ids = self._eos_ids(config)
+        # per skip_special_tokens: single tokens decoded, shared by the detokenizers (at most the vocabulary)
+        self.pieces: dict[bool, dict[int, str]] = {}
 
     @property
     def harmony(self) -> bool:
@@ -218,7 +236,8 @@ class ModelText:
             if stop:
                 raise ValueError(f"stop strings need a tokenizer, and {self.root} has no tokenizer.json")
             return None
-        return Detokenizer(self.tok, skip_special_tokens, stop, include_stop_str)
+        return Detokenizer(self.tok, skip_special_tokens, stop, include_stop_str,
+                           self.pieces.setdefault(skip_special_tokens, {}))
 
     def token_str(self, token: int) -> str:
         """One token as text (special tokens kept), or ``token_id:N`` without a tokenizer."""

@@ -15,18 +15,22 @@ tests/kernels/test_moe_routing.py).
 from __future__ import annotations
 
 import itertools
+import warnings
 from dataclasses import replace
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from quantkit.engine.layers.moe import Experts
 from quantkit.engine.qlinear import ActQuant, Fp8Block, Mxfp8
 from quantkit.formats import fp8_block, mxfp8
 from quantkit.kernels import dispatch
 from quantkit.kernels.fused_moe import MOE_CONFIGS, MX_DECODE, MX_PREFILL_CONFIG, PREFILL_TILED, MoeConfig, pick_moe_config
-from quantkit.kernels.fused_moe_ref import ExpertWeights, MoeSpec, check_moe, fused_moe_ref, stack_gate_up
+from quantkit.kernels.fused_moe_ref import ExpertWeights, MoeSpec, activation, check_moe, fused_moe_ref, quant_dequant, stack_gate_up
 from quantkit.kernels.fused_moe_sorted import sorted_ok
+from quantkit.kernels.moe_common import EXP_ARG_MAX, moe_activation
 from quantkit.kernels.moe_routing import route
 
 HAS_CUDA = torch.cuda.is_available()
@@ -187,6 +191,79 @@ def test_sorted_rows_match_reference(triton_device, gen, fmt, spec, e, h, inter,
     assert_moe_close(out, fused_moe_ref(x, w, ids, w13, w2, spec), f"sorted {spec.activation} {cfg.name()}", *tiny_bounds(triton_device))
     gathered = run_triton(x, w, ids, w13, w2, spec, triton_device, replace(cfg, sorted_rows=False))
     assert_moe_close(out, gathered, "sorted vs gathered rows (summation order only)", 1e-3)
+
+
+# ---- gates past exp's float32 range, and the intermediate's unused capacity ------------------------------------------
+
+
+@triton.jit
+def _activation_kernel(g_ptr, u_ptr, out_ptr, n, alpha, limit, ACT: tl.constexpr, BLOCK: tl.constexpr):
+    """out = moe_activation(g, u), elementwise on bfloat16 [n]."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    g = tl.load(g_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, moe_activation(g, u, ACT, alpha, limit, True).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@pytest.mark.parametrize("spec", [SILU, GPT_OSS], ids=lambda s: s.activation)
+def test_activation_past_exp_overflow_is_the_references(triton_device, gen, spec):
+    """Every normal bfloat16 gate of magnitude 2**-100 .. 1024: where exp(-gate) (GPT-OSS: exp(-alpha * gate)) is past
+    float32's range, torch's silu and sigmoid give -0 / 0, and so does the kernel, without computing the overflow (the
+    CPU interpreter's numpy warned of it); elsewhere the CPU interpreter's exp rounds as torch's does here (bit for bit),
+    the GPU's ex2.approx within a bfloat16 step or two."""
+    bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    g = bits[(bits.float().abs() >= 2.0**-100) & (bits.float().abs() <= 1024)]
+    u = (torch.rand(g.numel(), generator=gen) * 16 - 8).to(torch.bfloat16)
+    out = torch.empty_like(g, device=triton_device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _activation_kernel[(triton.cdiv(g.numel(), 4096),)](g.to(triton_device), u.to(triton_device), out, g.numel(),
+                                                            spec.alpha, spec.limit, ACT=0 if spec.activation == "silu" else 1, BLOCK=4096)  # fmt: skip
+    ref, out = activation(g, u, spec), out.cpu()
+    past = -g.float() * (spec.alpha if spec.activation == "gpt-oss" else 1.0) > EXP_ARG_MAX.value
+    assert past.sum() > 400 and (ref[past] == 0).all(), "the gates must reach past exp's range, where the reference is +-0"
+    assert torch.equal(out[past].view(torch.int16), ref[past].view(torch.int16)), "past exp's range: not the reference's +-0"
+    if triton_device.type == "cpu":
+        assert torch.equal(out.view(torch.int16), ref.view(torch.int16)), f"{int((out.view(torch.int16) != ref.view(torch.int16)).sum())} bytes differ"
+    else:
+        torch.testing.assert_close(out, ref, rtol=2**-6, atol=2**-100)
+
+
+def min_exp_arg(x: torch.Tensor, ids: torch.Tensor, w13: ExpertWeights, spec: MoeSpec) -> float:
+    """The largest argument of the activation's exp over the routed (token, expert) pairs: -gate (GPT-OSS: -alpha * gate)."""
+    xq, inter, worst = quant_dequant(x, w13.fmt, spec), w13.shape[1] // 2, -float("inf")
+    rows = slice(0, 2 * inter, 2) if spec.interleaved else slice(0, inter)
+    for e in ids.unique().tolist():
+        gate = torch.nn.functional.linear(xq[(ids == e).any(1)], w13.dequant(e)[rows], w13.bias[e, rows].float()).to(x.dtype)
+        worst = max(worst, (-gate.float() * (spec.alpha if spec.interleaved else 1.0)).max().item())
+    return worst
+
+
+# x scaled until routed gates pass exp's float32 range (the sorted-row cases of the GPT-OSS clamps' x * 20 reached -59)
+PAST_EXP = [
+    ("fp8-block", GPT_OSS, 50.0, MoeConfig(16, 32, 64, sorted_rows=True)),
+    ("mxfp8", GPT_OSS, 50.0, MoeConfig(16, 64, 64, upcast=True, sorted_rows=True)),
+    ("mxfp8", SILU, 100.0, MoeConfig(16, 32, 128, upcast=True, sorted_rows=True)),
+]
+
+
+@pytest.mark.parametrize("fmt,spec,xs,cfg", PAST_EXP, ids=[f"{c[0]}-{c[1].activation}-{c[3].name()}" for c in PAST_EXP])
+def test_sorted_rows_compute_no_overflow_or_nan(triton_device, gen, fmt, spec, xs, cfg):
+    """Expert-sorted rows with gates past exp's range and an intermediate [cap, I] whose rows past num_padded are never
+    written: no float operation overflows or makes NaN (warnings are errors; the CPU interpreter's numpy warned of both:
+    the activation's exp, and the intermediate's quantizer reading the unwritten rows), and the output is the
+    reference's within the usual bounds."""
+    e, h, inter, t, k = 3, 160, 96, 40, 2
+    w13, w2 = experts(fmt, e, 2 * inter, h, gen, bias=True), experts(fmt, e, h, inter, gen, bias=spec.interleaved)
+    assert sorted_ok(w13, w2, spec, cfg.block_n1, cfg.block_n2, cfg.upcast), "the case must take the sorted path"
+    x = (torch.randn(t, h, generator=gen) * xs).to(torch.bfloat16)
+    w, ids = routed(t, k, e, gen)
+    assert min_exp_arg(x, ids, w13, spec) > EXP_ARG_MAX.value, "the case must reach past exp's float32 range"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = run_triton(x, w, ids, w13, w2, spec, triton_device, cfg)
+    assert_moe_close(out, fused_moe_ref(x, w, ids, w13, w2, spec), f"past exp {fmt} {spec.activation} {cfg.name()}", *tiny_bounds(triton_device))
 
 
 def test_default_config_at_prefill_takes_sorted_rows(triton_device, gen):

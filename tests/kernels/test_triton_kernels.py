@@ -13,6 +13,8 @@ boundary (``scale_one_rows``).
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -174,6 +176,28 @@ def test_act_quant_edges_and_specials(triton_device, group):
             ref = fp8_block.quantize_act(x, scale_fmt, rule, group)
             out = triton("act_quant_fp8_block", x.to(triton_device), scale_fmt, rule, group)
             check_pair(ref, out, f"act_quant specials g{group} {scale_fmt}/{rule}", x)
+
+
+@pytest.mark.parametrize("fmt", ["fp8-block", "mxfp8"])
+def test_quantizers_do_not_read_rows_past_live_rows(triton_device, gen, fmt):
+    """``live_rows`` (an MoE intermediate's num_padded, on the device): the rows at or past it, here NaN and Inf as an
+    unwritten buffer may hold, are not read (warnings are errors: the CPU interpreter's numpy warned of their NaN
+    arithmetic) and quantize as zero rows; the rows before it are the reference's, bit for bit."""
+    x = wide_randn((13, 96), gen).to(torch.bfloat16)  # 13 rows: the live bound falls inside a program's row tile
+    x[9:] = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e38]).to(torch.bfloat16)[:, None]
+    want = x.clone()
+    want[9:] = 0
+    live = torch.tensor([9], dtype=torch.int32, device=triton_device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        if fmt == "fp8-block":
+            out = group_quant.act_quant_fp8_block(x.to(triton_device), live_rows=live)
+        else:
+            out = group_quant.mxfp8_quantize(x.to(triton_device), live_rows=live)
+    ref = fp8_block.quantize_act(want) if fmt == "fp8-block" else mxfp8.quantize(want)
+    check_pair(ref, out, f"{fmt} with live_rows 9 of 13", want)
+    with pytest.raises(AssertionError, match="live_rows: int32"):
+        group_quant.act_quant_fp8_block(x.to(triton_device), live_rows=live.long())
 
 
 def test_host_cdiv_and_next_pow2_match_triton():

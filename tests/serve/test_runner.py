@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from quantkit.engine import load
-from quantkit.engine.runner import ModelRunner, eager_reason, graph_buckets
+from quantkit.engine.runner import ModelRunner, StagedTables, eager_reason, graph_buckets
 from quantkit.serve.sampling import SamplingParams
 from quantkit.serve.scheduler import LLMEngine
 
@@ -75,3 +75,32 @@ def test_buckets_and_eager_reasons(ckpt):
     assert not r.graphed and r.scratch is None and len(cache.free_blocks) == 4
     forced = ModelRunner(m, cache, 8, 64, enforce_eager=True, static=True)
     assert forced.why_eager == "enforce_eager" and not forced.buckets
+
+
+def test_staged_tables_equal_the_tables_written_whole():
+    """StagedTables keeps the staging buffer from step to step; every step the device tables must hold what writing
+    each table whole, padded with the scratch block to the stride, gives: through growth, finished sequences (rows move up),
+    a row moving down, new and re-admitted sequences (a new table list in the same place), and stride changes."""
+    width, scratch = 40, 999
+    device = torch.full((8, width), -1, dtype=torch.int64)  # the device tables (here on the CPU)
+    staged = StagedTables(torch.zeros(8 * width, dtype=torch.int64), device, scratch)
+    g = torch.Generator().manual_seed(0)
+    rand = lambda n: int(torch.randint(0, n, (), generator=g))  # noqa: E731
+    tables, nxt = {}, iter(range(10**6))
+    for step in range(400):
+        if len(tables) < 8 and rand(3) == 0:  # arrives (sometimes long: the stride grows past 16)
+            tables[f"s{rand(10)}" if rand(2) else f"n{step}"] = [next(nxt) for _ in range(1 + rand(30))]
+        if tables and rand(6) == 0:  # finishes: the rows after it move up
+            del tables[list(tables)[rand(len(tables))]]
+        if len(tables) > 1 and rand(10) == 0:  # the first goes last: it moves down, the others up
+            first = next(iter(tables))
+            tables[first] = tables.pop(first)
+        for t in tables.values():
+            if rand(4) == 0 and len(t) < width:
+                t.append(next(nxt))
+        if not tables:
+            continue
+        staged.update(list(tables.values()))
+        stride = min(-(-max(map(len, tables.values())) // 16) * 16, width)
+        want = torch.tensor([t + [scratch] * (stride - len(t)) for t in tables.values()])
+        assert torch.equal(device[: len(tables), :stride], want), step

@@ -155,3 +155,36 @@ def test_stop_strings_wait_for_min_tokens(ckpt):
     ids = t.encode("one two three")
     d = Detokenizer(t.tok, stop=("two",))
     assert all(d.add(i, check_stop=False) is None for i in ids) and d.text == "one two three"
+
+
+def two_decode_texts(tok, ids: list[int], skip: bool) -> list[str]:
+    """The incremental rule written out (vLLM's prefix and read offsets, two decodes a token): the text after each token."""
+    prefix = read = 0
+    text, out = "", []
+    for k in range(1, len(ids) + 1):
+        before = tok.decode(ids[prefix:read], skip_special_tokens=skip)
+        now = tok.decode(ids[prefix:k], skip_special_tokens=skip)
+        if len(now) > len(before) and not now.endswith("\ufffd"):
+            text, prefix, read = text + now[len(before):], read, k
+        out.append(text)
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("skip", [True, False])
+def test_detokenizers_sharing_decoded_pieces_follow_the_two_decode_rule(ckpt, family, skip):
+    """ModelText's detokenizers share single tokens decoded once (the text before a new token is most often its
+    previous token's): interleaved, over the whole vocabulary (byte tokens that split characters, special
+    tokens), each one's text after every token is the rule's."""
+    t = text_of(ckpt(family))
+    g = torch.Generator().manual_seed(1)
+    vocab = t.tok.get_vocab_size()
+    seqs = [torch.randint(0, vocab, (40,), generator=g).tolist() for _ in range(3)] + [t.encode("中文 ok ✓ 😀ψ") * 2]
+    dets = [t.detokenizer(skip_special_tokens=skip) for _ in seqs]
+    want = [two_decode_texts(t.tok, ids, skip) for ids in seqs]
+    for k in range(max(map(len, seqs))):
+        for d, ids, texts in zip(dets, seqs, want):
+            if k < len(ids):
+                d.add(ids[k])
+                assert d.text == texts[k], (family, skip, k)
+    assert len(t.pieces[skip]) > 40  # the pieces were shared

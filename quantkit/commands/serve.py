@@ -39,6 +39,8 @@ import click
               help="Most tokens (prompt + max_tokens, over its sequences) one request may ask for.")
 @click.option("--max-waiting-seqs", type=click.IntRange(min=1), default=1024, show_default=True,
               help="Sequences waiting for admission past which new requests get a 503 with Retry-After.")
+@click.option("--max-connections", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Open connections past which a new one gets a 503 with Retry-After at once.")
 @click.option("--header-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
               help="Seconds a connection has to send a whole request head.")
 @click.option("--body-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
@@ -52,8 +54,8 @@ import click
 def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model_name: str | None, max_model_len: int | None,
           max_num_seqs: int, max_num_batched_tokens: int, block_size: int, kv_cache_gib: float | None, gpu_memory_utilization: float,
           act_quant: bool, backend: str, api_key: str | None, prefix_caching: bool, max_request_bytes: int,
-          max_seqs_per_request: int, max_tokens_per_request: int, max_waiting_seqs: int, header_timeout: float,
-          body_timeout: float, dist_timeout: float, ep_exchange: str, enforce_eager: bool) -> None:
+          max_seqs_per_request: int, max_tokens_per_request: int, max_waiting_seqs: int, max_connections: int,
+          header_timeout: float, body_timeout: float, dist_timeout: float, ep_exchange: str, enforce_eager: bool) -> None:
     """Serve checkpoint CKPT (a source checkpoint or a `quantkit convert` output) over HTTP.
 
     A `quantkit shard --ep N [--tp T]` output is served expert (and tensor) parallel, one process per
@@ -74,7 +76,7 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
         _need_http_extra()
     limits = Limits(max_body_bytes=max_request_bytes, header_timeout_s=header_timeout, body_timeout_s=body_timeout,
                     max_seqs_per_request=max_seqs_per_request, max_tokens_per_request=max_tokens_per_request,
-                    max_waiting_seqs=max_waiting_seqs)
+                    max_waiting_seqs=max_waiting_seqs, max_connections=max_connections)
     try:
         server = build(ckpt, host=host, port=port, device=_device(device), dtype=dtype, model_name=served_model_name,
                        max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,

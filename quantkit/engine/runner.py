@@ -87,19 +87,24 @@ class StagedTables:
     a step at 256 sequences of 36 blocks (scripts/host_overhead.py).
 
     The stride is the widest table rounded up to ``CHUNK`` columns, so the layout changes rarely; entries past a
-    sequence's blocks hold the scratch block."""
+    sequence's blocks hold the scratch block.  Each step copies the staged rows to the device tables' first
+    ``stride`` columns."""
 
     CHUNK = 16
 
-    def __init__(self, stage: torch.Tensor, width: int, scratch: int) -> None:
+    def __init__(self, stage: torch.Tensor, tables: torch.Tensor, scratch: int) -> None:
+        """``stage``: pinned int64 [rows * width] (flat: a step's rows are contiguous at its stride); ``tables``:
+        the device's int64 [rows, width]."""
         self.stage, self.np = stage, stage.numpy()  # numpy view of the pinned buffer: slice writes without torch ops
-        self.width, self.scratch = width, scratch
+        self.tables, self.width, self.scratch = tables, tables.shape[1], scratch
         self.stride = 0
+        self.copy: tuple[tuple[int, int], torch.Tensor, torch.Tensor] | None = None  # the last (n, stride): its views
         self.rows: list[list[int]] = []  # the table list written in each row (the cache's own, which only grows)
         self.written: list[int] = []  # and how many of its blocks
 
-    def update(self, tables: list[list[int]]) -> torch.Tensor:
-        """Write the step's tables; the staged [len(tables), stride] view to copy to the device."""
+    def update(self, tables: list[list[int]]) -> None:
+        """Write the step's tables and copy them to the device (``non_blocking``: the caller waits for the copy
+        before the next update)."""
         n, lens = len(tables), [len(t) for t in tables]
         s = min(-(-max(lens) // self.CHUNK) * self.CHUNK, self.width)
         # the same tables in the same rows (most steps; list == is an identity check per row here, and where two
@@ -109,7 +114,10 @@ class StagedTables:
         for i in [i for i, (k, done) in enumerate(zip(lens, written)) if k > done]:
             buf[i * s + written[i] : i * s + lens[i]] = tables[i][written[i]:]
         self.stride, self.rows, self.written = s, list(tables), lens
-        return self.stage[: n * s].view(n, s)
+        if self.copy is None or self.copy[0] != (n, s):  # views made once while the shape holds (a torch op is ~1 us)
+            self.copy = ((n, s), self.stage[: n * s].view(n, s), self.tables[:n, :s])
+        _, src, dst = self.copy
+        dst.copy_(src, non_blocking=True)
 
     def _place(self, tables: list[list[int]], s: int) -> list[int]:
         """Move the rows that moved up (the sequences before them left), a run of consecutive rows per copy; set
@@ -187,7 +195,8 @@ class ModelRunner:
         self.stage = torch.zeros(4 * top, dtype=torch.int64, pin_memory=cuda)
         self.tables = torch.full((top, self.width), self.scratch, dtype=torch.int64, device=dev)
         self.stage_np = self.stage.numpy()  # the pinned buffer written through numpy: no tensor made per step
-        self.staged = StagedTables(torch.zeros(top * self.width, dtype=torch.int64, pin_memory=cuda), self.width, self.scratch)
+        self.heads = {b: (self.head[: 4 * b], self.stage[: 4 * b]) for b in self.buckets}  # each bucket's views, made once
+        self.staged = StagedTables(torch.zeros(top * self.width, dtype=torch.int64, pin_memory=cuda), self.tables, self.scratch)
         self.cu = torch.arange(top + 1, dtype=torch.int32, device=dev)
         self.copied = torch.cuda.Event() if cuda else None
         if self.static:
@@ -237,9 +246,9 @@ class ModelRunner:
         if self.copied is not None:
             self.copied.synchronize()  # the last step's copies out of the pinned staging buffers are done
         self.stage_np[: 4 * b] = head
-        st = self.staged.update(tables)
-        self.head[: 4 * b].copy_(self.stage[: 4 * b], non_blocking=True)
-        self.tables[:n, : st.shape[1]].copy_(st, non_blocking=True)
+        dst, src = self.heads[b]
+        dst.copy_(src, non_blocking=True)
+        self.staged.update(tables)
         if self.copied is not None:
             self.copied.record()
         if self.static:

@@ -50,8 +50,9 @@ def converted(ckpt, tmp_path_factory):
     return get
 
 
-def serve(m, seed: int = 0) -> list[tuple[list[int], list]]:
-    """(prompt, per-step TokenLogprobs) of every request of the workload, greedy."""
+def serve(m, seed: int = 0, graphs: bool = False) -> list[tuple[list[int], list]]:
+    """(prompt, per-step TokenLogprobs) of every request of the workload, greedy; ``graphs``: its decode steps
+    must have replayed CUDA graphs."""
     eng = LLMEngine(m, num_blocks=96, block_size=16, max_num_batched_tokens=24)
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, 1900, (n,), generator=g).tolist() for n in (*PROMPT_LENS, LATE_LEN)]
@@ -62,6 +63,7 @@ def serve(m, seed: int = 0) -> list[tuple[list[int], list]]:
     reqs.append(eng.add_request(prompts[-1], params))
     eng.run_all()
     assert len(eng.cache.free_blocks) == 96 - (eng.runner.scratch is not None)  # a graphed runner keeps one scratch block
+    assert not graphs or (eng.runner.graphed and eng.runner.replays >= NEW_TOKENS - 2), (eng.runner.why_eager, eng.runner.replays)
     return [(p, r.logprobs) for p, r in zip(prompts, reqs)]
 
 
@@ -89,7 +91,7 @@ def test_float32_steps_equal_prefill(converted, family, fmt):
 def test_bf16_steps_as_close_to_float32_as_prefill(converted, family, fmt):
     path = converted(family, fmt)
     m16, m32 = load(path, "cuda", torch.bfloat16), load(path, "cuda", torch.float32)  # both quantize activations
-    served = serve(m16)
+    served = serve(m16, graphs=True)  # the served default: decode steps in CUDA graphs
     engine, prefill = [], []
     for prompt, steps in served:
         toks = torch.tensor([[t.token] for t in steps])

@@ -2,8 +2,8 @@
 path is refused from the request head alone (the body is never sent, so it cannot have been read)
 and the connection closed, so nothing after the head is answered as a request of its own; slow
 heads and bodies are cut at their deadlines with a 408; a client still sending when the server
-closes reads its answer (a lingering close, never a reset); hundreds of clients connecting at once
-are all answered; per-request caps and a full waiting queue get their clear errors; malformed values
+closes reads its answer (a lingering close, never a reset); a connection past the cap gets a 503;
+hundreds of clients connecting at once are all answered; per-request caps and a full waiting queue get their clear errors; malformed values
 get a 400 with the OpenAI error body; non-finite numbers never reach JSON."""
 
 from __future__ import annotations
@@ -145,6 +145,57 @@ def test_a_refusal_reaches_a_client_still_sending_its_body(server):
 
     head = asyncio.run(send_all())
     assert head.startswith(b"HTTP/1.1 413 ") and b"connection: close" in head.lower()
+
+
+def test_a_connection_past_the_cap_gets_a_503_at_once(ckpt):
+    """With 3 connections open (the cap), a 4th is answered 503 with Retry-After before it sends anything, then
+    closed; once one of the 3 closes, a new connection is served."""
+    lim = Limits(header_timeout_s=30, max_connections=3)
+    s = build(str(ckpt("qwen3")), port=0, dtype="float32", act_quant=False, max_model_len=64, kv_cache_gib=0.01, limits=lim)
+    s.start_background()
+    try:
+        held = [socket.create_connection(s.server_address, timeout=10) for _ in range(3)]
+        held[0].sendall(HEALTH)
+        assert held[0].recv(4096).startswith(b"HTTP/1.1 200")  # the 3 are in (served in order of connecting)
+        with socket.create_connection(s.server_address, timeout=10) as sock:
+            got = sock.recv(4096)
+            sock.sendall(HEALTH)  # drained, never answered: the connection closes after the 503
+            while chunk := sock.recv(4096):
+                got += chunk
+        ((status, body),) = responses(got)
+        assert status == 503 and b"retry-after: 1" in got.lower() and "3 connections open, its limit" in body["error"]["message"]
+        held.pop().close()
+        deadline = time.monotonic() + 5
+        while True:  # the server sees the close when its event loop reads the EOF
+            got = exchange(s, HEALTH.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+            if got.startswith(b"HTTP/1.1 200") or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert got.startswith(b"HTTP/1.1 200"), got[:100]
+        for h in held:
+            h.close()
+    finally:
+        s.close()
+
+
+def test_the_open_file_limit_is_raised_to_hold_the_connections(monkeypatch):
+    import resource
+
+    from quantkit.serve import server as srv
+
+    set_to = []
+    monkeypatch.setattr(resource, "setrlimit", lambda what, limits: set_to.append(limits))
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (1024, 4096))
+    srv._allow_open_files(3000)  # the soft limit goes up to the hard one
+    assert set_to == [(4096, 4096)]
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (4096, 4096))
+    srv._allow_open_files(3000)  # already there: left alone
+    assert len(set_to) == 1
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (1024, 2048))
+    with pytest.raises(ValueError, match=r"2000 connections \(--max-connections\) need 2256 open files, more than this "
+                                         r"process's hard limit of 2048"):
+        srv._allow_open_files(2000)
+    assert len(set_to) == 1
 
 
 def test_hundreds_of_clients_connecting_at_once_are_all_answered(server):

@@ -117,7 +117,7 @@ class MLA(nn.Module):
         (:func:`.mla_flashinfer.step_plan_ok`): its MLA wrapper, kept in the dispatcher that the model's
         layers share and planned once per step's batch, then run by every layer of the step."""
         if (self.ops.want("mla_decode") in (AUTO, mla_flashinfer.NAME) and mla_flashinfer.step_plan_ok(q_lat, q_rot) is None
-                and not torch.cuda.is_current_stream_capturing()):  # its plan reads the host: a CUDA graph runs the op instead
+                and not (q_lat.is_cuda and torch.cuda.is_current_stream_capturing())):  # its plan reads the host: a graph runs the op
             key = ("mla_flashinfer", q_lat.device, q_lat.dtype, self.num_heads, self.rank, self.rope_dim, self.scale)
             dec = self.ops.state.get(key)
             if dec is None:

@@ -2,7 +2,9 @@
 
 Two layers, both ahead of the application:
 
-- :func:`protocol_class`: uvicorn's h11 connection with a header deadline.  A connection must deliver a
+- :func:`protocol_class`: uvicorn's h11 connection with a connection cap and a header deadline.  A
+  connection opened past ``max_connections`` gets a 503 with ``Retry-After`` at once (the server
+  raises its open-file limit to hold them all, :func:`.._allow_open_files`).  A connection must deliver a
   whole request head within ``header_timeout_s`` of connecting (or of its previous response), or it
   gets a 408 and is closed: a client trickling header bytes (slowloris) holds a socket for that long,
   not forever, and a client whose request was merely late (its packets retransmitted after a full
@@ -41,6 +43,7 @@ class Limits:
     keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
     linger_s: float = 2.0  # a connection the server closes while the client still sends is drained this long at most
     backlog: int = 2048  # pending connects the kernel queues (capped by net.core.somaxconn)
+    max_connections: int = 1024  # open connections past which a new one gets a 503 with Retry-After at once
     max_seqs_per_request: int = 256  # prompts x n of one request
     max_tokens_per_request: int = 1 << 18  # prompt + max_tokens, summed over a request's sequences
     max_waiting_seqs: int = 1024  # sequences waiting for admission before new requests get a 503
@@ -150,13 +153,14 @@ async def refuse(send, status: int, message: str, close: bool = False, headers: 
     await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
-def _error_bytes(status: int, reason: str, message: str) -> bytes:
+def _error_bytes(status: int, reason: str, message: str, extra: str = "") -> bytes:
     """A whole HTTP/1.1 error response with the OpenAI error body that closes the connection, written past h11
-    (its state machine sends no response before a request head, and the connection ends with this one)."""
+    (its state machine sends no response before a request head, and the connection ends with this one);
+    ``extra``: more header lines, each ending in CRLF."""
     from ..protocol import error_body
 
     data = json.dumps(error_body(message, status)).encode()
-    head = f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n"
+    head = f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n{extra}"
     return head.encode() + b"connection: close\r\n\r\n" + data
 
 
@@ -197,14 +201,15 @@ class _LingeringTransport:
             self.lingering.cancel()
 
 
-def protocol_class(header_timeout_s: float, linger_s: float):
-    """uvicorn's h11 protocol with the header deadline, its 408, the lingering close, and h11's own 400s in the
-    OpenAI error body."""
+def protocol_class(header_timeout_s: float, linger_s: float, max_connections: int):
+    """uvicorn's h11 protocol with the connection cap (a 503), the header deadline (a 408), the lingering close, and
+    h11's own 400s in the OpenAI error body."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     late = f"no whole request head arrived within {header_timeout_s:g} s"
     malformed = "not a valid HTTP/1.1 request (request line, headers or Content-Length)"
+    full = f"this server has {max_connections} connections open, its limit: try again shortly"
 
     class GuardedH11(H11Protocol):
         _deadline: asyncio.TimerHandle | None = None
@@ -213,6 +218,9 @@ def protocol_class(header_timeout_s: float, linger_s: float):
 
         def connection_made(self, transport) -> None:
             super().connection_made(_LingeringTransport(transport, self.loop, linger_s, self._sending))
+            if len(self.connections) > max_connections:  # answered at once, its request drained while it lingers
+                self.transport.write(_error_bytes(503, "Service Unavailable", full, "retry-after: 1\r\n"))
+                return self.transport.close()
             self._arm()
 
         def _sending(self) -> bool:

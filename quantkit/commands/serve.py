@@ -131,13 +131,18 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
 
 
 def _need_http_extra() -> None:
-    """fastapi, uvicorn and pydantic come with the serve extra (rank 0 alone needs them)."""
-    import importlib.util
+    """fastapi, uvicorn and pydantic come with the serve extra (rank 0 alone needs them).  They are imported here,
+    before a model loads or a socket listens: a package that is present but cannot import (a dependency of its own
+    missing, as fastapi >= 0.165 without opentelemetry-api) fails the command with its reason, not the first client."""
+    import importlib
 
-    missing = [m for m in ("fastapi", "uvicorn", "pydantic") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise click.ClickException(f"`quantkit serve` needs {', '.join(missing)}: pip install 'quantkit[serve]' "
-                                   "(from a checkout: pip install -e '.[serve]')")
+    for m in ("fastapi", "uvicorn", "pydantic"):
+        try:
+            importlib.import_module(m)
+        except ImportError as e:
+            why = "is not installed" if isinstance(e, ModuleNotFoundError) and e.name == m else f"does not import ({e})"
+            raise click.ClickException(f"`quantkit serve` needs {m}, which {why}: pip install 'quantkit[serve]' "
+                                       "(from a checkout: pip install -e '.[serve]')") from None
 
 
 def _exit_sharded() -> None:

@@ -67,9 +67,31 @@ def test_one_rank_of_a_sharded_checkpoint_is_refused(ckpt, tmp_path):
 
 
 def test_without_the_serve_extra_the_command_says_what_to_install(ckpt, monkeypatch):
-    import importlib.util
+    import sys
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a))
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn now fails as it does where it is not installed
     r = CliRunner().invoke(main, ["serve", str(ckpt("qwen3")), "--device", "cpu", "--port", "0"])
-    assert r.exit_code == 1 and "`quantkit serve` needs uvicorn: pip install 'quantkit[serve]'" in r.output
+    assert r.exit_code == 1 and "`quantkit serve` needs uvicorn, which is not installed: pip install 'quantkit[serve]'" in r.output
+
+
+def test_an_http_package_that_cannot_import_fails_the_command_not_its_clients(ckpt, monkeypatch):
+    """fastapi 0.165 installed without its opentelemetry-api: the command says so before loading or listening (the
+    server used to bind, then die at its first import of fastapi, and clients saw connections reset)."""
+    import importlib
+
+    real = importlib.import_module
+
+    def broken(name, *a):
+        if name == "fastapi":
+            raise ModuleNotFoundError("No module named 'opentelemetry'", name="opentelemetry")
+        return real(name, *a)
+
+    def build(*a, **k):
+        raise AssertionError("the model was loaded and a socket bound before the check")
+
+    from quantkit.serve import launch
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    monkeypatch.setattr(launch, "build", build)
+    r = CliRunner().invoke(main, ["serve", str(ckpt("qwen3")), "--device", "cpu", "--port", "0"])
+    assert r.exit_code == 1 and "needs fastapi, which does not import (No module named 'opentelemetry')" in r.output, r.output

@@ -74,6 +74,8 @@ class Server:
         self.ctrl = None  # the control group of sharded serving (rank 0 broadcasts each step on it)
         self.api_key: str | None = None  # when set, /v1/* asks for "Authorization: Bearer <key>"
         _allow_open_files(self.limits.max_connections)
+        import fastapi  # noqa: F401  (before the socket listens: an install that cannot import it fails here, not its clients)
+
         self.socket = _listen(address, self.limits.backlog)
         self.server_address = self.socket.getsockname()[:2]
         self._uvicorn = None

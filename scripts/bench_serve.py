@@ -279,6 +279,9 @@ def main() -> None:
     sync(device)
     log(f"loaded {ckpt.name} on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'} in {time.perf_counter() - t:.1f} s; "
         f"torch {torch.__version__}; backends {sorted(set(model.ops.ran.values())) if hasattr(model.ops, 'ran') else '?'}")
+    t = time.perf_counter()
+    failed = model.prepare_kernels()  # as `quantkit serve` does at start: no step waits for nvcc
+    log(f"DeepGEMM kernels ready in {time.perf_counter() - t:.1f} s" + (f"; failed: {failed}" if failed else ""))
     text = ModelText(ckpt, model.config)
     rng = random.Random(0)
     rows = []

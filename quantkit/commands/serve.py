@@ -115,6 +115,8 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
     runner = getattr(eng, "runner", None)  # a sharded front end (DPEngine) runs eagerly
     graphs = str(runner.report) if runner is not None and runner.report is not None else \
         f"eager decode ({runner.why_eager if runner is not None else 'sharded serving'})"
+    for line in getattr(server, "warmup", []):
+        click.echo(line, err=True)
     click.echo(f"serving {server.model_name} on {server.url} (device {eng.model.device}, max_model_len {eng.max_model_len}, "
                f"KV cache {eng.cache.num_blocks} blocks of {eng.cache.block_size} tokens; {graphs})", err=True)
     try:

@@ -3,6 +3,7 @@ shard`` output), size the KV cache, and bind the HTTP server (rank 0) or a follo
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -37,7 +38,9 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
     (:mod:`.distributed`), each DP group with its own requests (:mod:`.dp`): rank 0 gets the Server, the
     other ranks a :class:`Worker`.  ``dist_timeout_s`` bounds every wait of one rank for the others;
     ``ep_exchange``: how the MoE layers exchange tokens (all-reduce, or all-to-all dispatch and combine).
-    On one GPU the decode steps' CUDA graphs are captured here, before the server binds (``enforce_eager``: none)."""
+    On a GPU the DeepGEMM kernels the GEMMs will run are compiled here (``CausalLM.prepare_kernels``: a first
+    request of a new size would otherwise wait 4-5 s for nvcc), and on one GPU the decode steps' CUDA graphs
+    captured, before the server binds (``enforce_eager``: none)."""
     from ..engine import parallel
     from ..engine.loader import load
     from . import distributed
@@ -77,6 +80,12 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
                          prefix_caching, cache, enforce_eager)
 
     engine = scheduler()
+    t = time.perf_counter()
+    failed = model.prepare_kernels()  # on a GPU: DeepGEMM's kernels for every M by-shape sends it, built now, not at a request
+    ops = getattr(model, "ops", None)
+    by_shape = model.device.type == "cuda" and ops is not None and ops.which("gemm_fp8_block", model.device) == "by-shape"
+    warmup = [f"DeepGEMM kernels ready in {time.perf_counter() - t:.1f} s"] if by_shape else []
+    warmup += [f"a DeepGEMM kernel did not build (Triton runs instead): {e}" for e in failed]
     engine.runner.capture()
     if ctrl is not None:  # the other groups' caches live on their ranks: rank 0 keeps their block tables
         engine = DPEngine([engine] + [scheduler(KVCache([], blocks, block_size)) for _ in range(dp - 1)], ctrl, tp,
@@ -85,6 +94,7 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
 
     server = Server((host, port), engine, text, model_name or root.resolve().name, limits)
     server.ctrl = ctrl
+    server.warmup = warmup
     return server
 
 

@@ -203,7 +203,7 @@ class ModelRunner:
             self.report = GraphReport([], time.perf_counter() - t0, 0)
             return self.report
         pool = None
-        with torch.no_grad():
+        with torch.no_grad(), torch.cuda.device(dev):  # the graphs and their pool on the model's GPU (cuda:N too)
             for b in reversed(self.buckets):
                 self.head[: 4 * b].copy_(torch.tensor([0] * 2 * b + [pad_slot] * b + [1] * b))
                 self._forward(b)  # warm-up: compiles, autotunes and grows workspaces outside the capture

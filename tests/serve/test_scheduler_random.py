@@ -11,6 +11,7 @@ from functools import lru_cache
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from quantkit.engine.runner import ModelRunner
 from quantkit.serve.sampling import SamplingParams
 from quantkit.serve.scheduler import LLMEngine
 
@@ -29,14 +30,27 @@ workload = st.tuples(st.lists(request, min_size=1, max_size=6), st.sampled_from(
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=SEARCH is None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(workload)
 def test_any_workload_gives_each_request_its_recomputation(model, case):
-    m = model("qwen3")
+    run_workload(model("qwen3"), case, static=False)
 
+
+@settings(max_examples=EXAMPLES // 3, deadline=None, derandomize=SEARCH is None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(workload)
+def test_any_workload_on_the_graphed_decode_path(model, case):
+    """The same workloads with decode steps on the CUDA-graph path's data (static buffers, padded buckets, the
+    scratch block, block tables kept from step to step), run eagerly on the CPU: preemption, prefix-cache hits,
+    aborts and batches that shrink and grow move sequences between rows."""
+    run_workload(model("qwen3"), case, static=True)
+
+
+def run_workload(m, case, static: bool) -> None:
     @lru_cache(maxsize=None)
     def judge(prompt: tuple[int, ...], n: int) -> list[int]:
         return recompute(m, list(prompt), n)
 
     reqs, budget, blocks, caching, max_seqs = case
-    eng = LLMEngine(m, num_blocks=blocks, block_size=4, max_num_batched_tokens=budget, max_num_seqs=max_seqs, prefix_caching=caching)
+    eng = LLMEngine(m, num_blocks=blocks + static, block_size=4, max_num_batched_tokens=budget, max_num_seqs=max_seqs, prefix_caching=caching)
+    if static:  # one more block: the graphed path reserves it for the padding rows
+        eng.runner = ModelRunner(m, eng.cache, max_seqs, eng.max_model_len, static=True)
     pending = sorted(enumerate(reqs), key=lambda x: x[1][3])
     live, step = [], 0
     while pending or eng.has_work():
@@ -55,4 +69,6 @@ def test_any_workload_gives_each_request_its_recomputation(model, case):
         if r.finish_reason == "abort":
             continue
         assert r.finish_reason == "length" and r.output == judge(tuple(r.prompt), r.params.max_tokens)
-    assert len(eng.cache.free_blocks) == blocks and not any(eng.cache.refs) and not eng.cache.tables
+    scratch = eng.runner.scratch
+    assert len(eng.cache.free_blocks) == blocks and not eng.cache.tables
+    assert not any(r for b, r in enumerate(eng.cache.refs) if b != scratch) and (scratch is None or eng.cache.refs[scratch] == 1)

@@ -174,10 +174,11 @@ def linear(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None, expert
         a, s = quantize_act(x.contiguous(), w.act, w.ops)
         return linear_quantized(a, s, w, out_dtype, bias, expert)
     b = None if bias is None else _sel(bias, expert)
-    if isinstance(w, Dense) and x.is_cuda and x.dtype == out_dtype == w.w.dtype in HALF and (b is None or b.dtype == x.dtype):
-        # a 16-bit weight on a GPU: cuBLAS's 16-bit GEMM reads it as it is (exact products, float32 accumulation, one
-        # rounding to out_dtype) instead of a float32 copy of it per call (the LM head: 2.3 GB written a step at GPT-OSS sizes)
-        return torch.nn.functional.linear(x, _sel(w.w, expert), b)
+    if isinstance(w, Dense) and b is None and x.is_cuda and x.dtype == out_dtype == w.w.dtype in HALF:
+        # a 16-bit weight on a GPU: cuBLAS's 16-bit GEMM reads it as it is (exact products summed in float32, one
+        # rounding to out_dtype; torch's allow_bf16_reduced_precision_reduction governs split-K sums) instead of a
+        # float32 copy of it per call (the LM head: 2.3 GB written a step at GPT-OSS sizes)
+        return torch.nn.functional.linear(x, _sel(w.w, expert))
     y = torch.nn.functional.linear(x.to(torch.float32), w.dequant(expert), None if b is None else b.to(torch.float32))
     return y.to(out_dtype)
 

@@ -14,7 +14,7 @@ adds; :func:`forward_step` allocates their cache slots and runs the model eagerl
   (:meth:`KVCache.schedule_decode`), nothing in the forward waits for the host;
 * the graph ends in the LM head in the compute dtype and the argmax of every row, so a greedy batch
   moves B ids to the host (the one synchronisation of a step) and float32 logits exist only for the
-  rows a sampler reads (:func:`quantkit.serve.scheduler.to_host`).
+  rows a sampler reads (:func:`quantkit.serve.sampling.sample_rows`, on the device).
 
 Prefill chunks, steps mixing them with decodes, sharded ranks and models whose layers wait for the host
 (the per-expert MoE loop of unquantized or MXFP4 experts) run eagerly; ``enforce_eager`` runs every step so.

@@ -23,7 +23,8 @@ def logits_rows(n: int, seed: int = 0) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=5),
-                                    SamplingParams(temperature=1.3, top_p=0.6), SamplingParams(top_k=8, top_p=0.8)])
+                                    SamplingParams(temperature=1.3, top_p=0.6),
+                                    SamplingParams(temperature=2.0, top_k=8, top_p=0.9)])  # top-k and top-p both cut: 7 tokens left
 def test_draws_follow_the_one_row_rules(params):
     x = logits_rows(1)[0]
     want = torch.softmax(_truncate(x / params.temperature, params.top_k, params.top_p), -1)

@@ -147,7 +147,7 @@ def graph_step(eng, c: int, reps: int = 30) -> float:
     static buffers the engine's last decode step left: the forward a graphed engine step runs."""
     import torch
 
-    g, _ = eng.runner.graphs[next(b for b in eng.runner.buckets if b >= c)]
+    g, _ = eng.runner.graphs[eng.runner.bucket(c)]
     times = []
     for _ in range(reps):
         torch.cuda.synchronize()
@@ -163,7 +163,7 @@ def profile_step(eng, c: int, out: Path) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    g, _ = eng.runner.graphs[next(b for b in eng.runner.buckets if b >= c)]
+    g, _ = eng.runner.graphs[eng.runner.bucket(c)]
     g.replay()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

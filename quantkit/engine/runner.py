@@ -231,16 +231,20 @@ class ModelRunner:
     def run(self, order: list[tuple[Hashable, int]], tokens: list[int] | torch.Tensor, rows: list[int]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if self.buckets and order and len(order) <= self.buckets[-1] and all(n == 1 for _, n in order):
             return self._replay(order, tokens, rows)
-        logits = forward_step(self.model, self.cache, order, torch.as_tensor(tokens), rows)
+        logits = forward_step(self.model, self.cache, order, tokens, rows)
         return (None, None) if logits is None else (logits, logits.argmax(-1))
+
+    def bucket(self, n: int) -> int:
+        """The batch size of the graph a decode step of n sequences replays."""
+        return next(b for b in self.buckets if b >= n)
 
     def _replay(self, order: list[tuple[Hashable, int]], tokens: list[int] | torch.Tensor, rows: list[int]):
         self.capture()
         n = len(order)
-        b = next(x for x in self.buckets if x >= n)
+        b = self.bucket(n)
         positions, slots, tables = self.cache.schedule_decode([s for s, _ in order])
         pad = b - n
-        ids = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
+        ids = tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens
         pad_slot = self.scratch * self.cache.block_size
         head = ids + [0] * pad + positions + [0] * pad + slots + [pad_slot] * pad + [p + 1 for p in positions] + [1] * pad
         if self.copied is not None:
@@ -260,7 +264,7 @@ class ModelRunner:
         self.replays += 1
         if not rows:
             return None, None
-        if rows == list(range(n)):
+        if len(rows) == n:  # every row, in order (a step's rows are distinct and increasing)
             return out["logits"][:n], out["top"][:n]
         idx = torch.tensor(rows, device=self.model.device)
         return out["logits"][idx], out["top"][idx]

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from . import dispatch
 from . import step_ref as ref
-from .fused_act_quant import LANES, pair_sum
+from .fused_act_quant import LANES, _rows, pair_sum
 from .fused_act_quant_ref import SUMSQ_LANES, f32
 from .triton_numerics import PRIORITY, available, bf16_round, cdiv, next_pow2
 
@@ -92,11 +92,6 @@ def _add_rmsnorm_kernel(x_ptr, y_ptr, w_ptr, s_ptr, o_ptr, M, K, stride_x, strid
         w = tl.load(w_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)[None, :]
         h = bf16_round(bf16_round(x + y, ROUND) * rstd, ROUND_H)  # order "hf": h.to(bfloat16) before the weight
         tl.store(o_ptr + rows[:, None] * K + cols[None, :], bf16_round(w * h, ROUND).to(o_ptr.dtype.element_ty), mask=mask)
-
-
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    t2 = t.reshape(-1, t.shape[-1])
-    return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
 @dispatch.backend("add_rmsnorm", "triton", available=available, priority=PRIORITY)

@@ -48,8 +48,15 @@ def to_host(logits: torch.Tensor | None, need: list[int], top: torch.Tensor | No
     the rows in ``need``: a greedy batch moves B ids, not B x vocab floats."""
     if logits is None:
         return [], {}
-    rows = logits[need].to(torch.float32).cpu() if need else None
-    return (logits.argmax(-1) if top is None else top).tolist(), {i: rows[k] for k, i in enumerate(need)}
+    return (logits.argmax(-1) if top is None else top).tolist(), rows_to_host(logits, need)
+
+
+def rows_to_host(logits: torch.Tensor, need: list[int]) -> dict[int, torch.Tensor]:
+    """Row i of logits -> that row in float32 on the host, for each i in ``need`` (one copy)."""
+    if not need:
+        return {}
+    rows = logits[need].to(torch.float32).cpu()
+    return {i: rows[k] for k, i in enumerate(need)}
 
 
 class EngineBroken(RuntimeError):
@@ -320,8 +327,7 @@ class LLMEngine:
         # the rows of prompt logprobs go to the host
         rows, draws = self.device_draws(st, logits.device)
         picks, top_ids = sampling.sample_rows(logits, rows, draws, top)
-        return self.complete(st, top_ids, to_host(logits, self.host_rows(st, device_sampling=True), top)[1] if self._echo(st) else {},
-                             dict(zip(rows, picks)))
+        return self.complete(st, top_ids, rows_to_host(logits, self.host_rows(st, device_sampling=True)), dict(zip(rows, picks)))
 
     def prepare(self) -> Step | None:
         """Schedule the next batch (None when nothing runs): its tokens, and the logit rows it wants."""
@@ -401,20 +407,20 @@ class LLMEngine:
                 need.append(at + len(lp_rows))
         return need
 
-    @staticmethod
-    def _echo(st: Step) -> bool:
-        return any(lp_rows for _, _, lp_rows, _ in st.wants)
+    def _banned(self, r: Request) -> tuple[int, ...]:
+        """Ids r cannot draw now: before ``min_tokens``, the end-of-sequence ids (unless ignored) and stop ids."""
+        p = r.params
+        if len(r.output) >= p.min_tokens:
+            return ()
+        return (() if p.ignore_eos else self.eos_ids) + p.stop_token_ids
 
     def device_draws(self, st: Step, device: torch.device) -> tuple[list[int], list[Draw]]:
         """The rows the device sampler draws (samples that need more than the argmax) and their :class:`Draw`."""
         rows, draws = [], []
         for r, at, lp_rows, sample_now in st.wants:
             if sample_now and self._needs_row(r):
-                p = r.params
-                early = len(r.output) < p.min_tokens
-                banned = (() if p.ignore_eos else self.eos_ids) + p.stop_token_ids if early else ()
                 rows.append(at + len(lp_rows))
-                draws.append(Draw(p, r.generator(device), r.prompt, r.output, banned))
+                draws.append(Draw(r.params, r.generator(device), r.prompt, r.output, self._banned(r)))
         return rows, draws
 
     def _prompt_logprobs(self, r: Request, logits: torch.Tensor, positions: list[int]) -> None:
@@ -439,8 +445,7 @@ class LLMEngine:
         elif logits is None:
             t = argmax
         else:
-            banned = (() if p.ignore_eos else self.eos_ids) + p.stop_token_ids if early else ()
-            t = sample(logits, p, r.gen, r.prompt, r.output, banned)
+            t = sample(logits, p, r.gen, r.prompt, r.output, self._banned(r))
         r.output.append(t)
         self.stats.generation_tokens += 1
         if r.first_token_time is None:

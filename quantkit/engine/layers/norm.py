@@ -51,12 +51,18 @@ class RMSNorm(nn.Module):
         return f"{tuple(self.weight.shape)}, eps={self.eps}, order={self.order}"
 
 
+def fusable(norm: RMSNorm, x: torch.Tensor) -> bool:
+    """Whether a fused op may replace ``norm`` on x: bf16 activations, and a norm that keeps their dtype (an
+    "hf"-order weight of a wider dtype would promote its output)."""
+    out_dtype = x.dtype if norm.order == "f32" else torch.promote_types(norm.weight.dtype, x.dtype)
+    return x.dtype in FUSED_DTYPES and out_dtype == x.dtype
+
+
 def norm_quantized(norm: RMSNorm, consumers: Sequence[nn.Module], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(E4M3 bytes, scales) of norm(x) quantized as all ``consumers`` (Linear modules) quantize
     their input, from one fused op; None when they do not all quantize alike (or x is not bf16,
     or an "hf"-order norm's weight would promote the output): then run the norm and the projections."""
-    out_dtype = x.dtype if norm.order == "f32" else torch.promote_types(norm.weight.dtype, x.dtype)
-    if x.dtype not in FUSED_DTYPES or out_dtype != x.dtype or not consumers:
+    if not fusable(norm, x) or not consumers:
         return None
     acts = {getattr(c.weight, "act", None) for c in consumers}
     if len(acts) != 1 or None in acts:
@@ -69,8 +75,7 @@ def norm_quantized(norm: RMSNorm, consumers: Sequence[nn.Module], x: torch.Tenso
 def add_norm(norm: RMSNorm, x: torch.Tensor, y: torch.Tensor, ops=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(s = x + y, norm(s)); one ``add_rmsnorm`` op through ``ops`` (the model's dispatcher) where x is bf16
     and the norm keeps its dtype, else the add and the norm."""
-    out_dtype = x.dtype if norm.order == "f32" else torch.promote_types(norm.weight.dtype, x.dtype)
-    if ops is None or x.dtype not in FUSED_DTYPES or y.dtype != x.dtype or out_dtype != x.dtype or y.shape != x.shape:
+    if ops is None or not fusable(norm, x) or y.dtype != x.dtype or y.shape != x.shape:
         s = x + y
         return s, norm(s)
     return ops.call("add_rmsnorm", x, y, norm.weight, norm.eps, norm.order)

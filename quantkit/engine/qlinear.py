@@ -275,16 +275,18 @@ class RowGroup:
             self._made = (self._key(), fused)  # after fuse_rows: the parts' buffers are now views of the fused ones
         return self._made[1]
 
-    def _split(self, y: torch.Tensor) -> list[torch.Tensor]:
-        return [t.contiguous() for t in y.split([p.weight.shape[0] for p in self.parts], dim=-1)]
+    def _split(self, y: torch.Tensor, views: bool) -> list[torch.Tensor]:
+        parts = y.split([p.weight.shape[0] for p in self.parts], dim=-1)
+        return list(parts) if views else [t.contiguous() for t in parts]
 
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def __call__(self, x: torch.Tensor, views: bool = False) -> list[torch.Tensor]:
+        """Each part's projection of x; ``views``: the fused GEMM's outputs as column views of one tensor (no copies)."""
         fused = self.fused()
-        return [p(x) for p in self.parts] if fused is None else self._split(fused(x))
+        return [p(x) for p in self.parts] if fused is None else self._split(fused(x), views)
 
-    def quantized(self, a: torch.Tensor, a_scale: torch.Tensor, out_dtype: torch.dtype) -> list[torch.Tensor]:
+    def quantized(self, a: torch.Tensor, a_scale: torch.Tensor, out_dtype: torch.dtype, views: bool = False) -> list[torch.Tensor]:
         """Each part's projection of an input quantized as they all ask (:meth:`Linear.quantized`)."""
         fused = self.fused()
         if fused is None:
             return [p.quantized(a, a_scale, out_dtype) for p in self.parts]
-        return self._split(fused.quantized(a, a_scale, out_dtype))
+        return self._split(fused.quantized(a, a_scale, out_dtype), views)

@@ -115,12 +115,16 @@ class MoeConfig:
 # 1.01 / 1.02 / 1.00x at T = 1 / 2 / 4 / 8 / 16 (at T = 1 GEMM 2 then needs no K split), DeepSeek-V3 1.00 / 1.02-1.03 / 1.00 /
 # 1.00 / 1.00x.  64-column GEMM-1 tiles: 0.88-1.16x, the sign flipping from one token count to the next in all four models
 # measured (GPT-OSS-120B, DeepSeek-V3, Qwen3-235B, Qwen3-30B-A3B at T = 1-8): it follows how the routed blocks fill the last
-# wave, which no shape-keyed row can know; not taken.
+# wave, which no shape-keyed row can know; not taken.  Sixteenth pass (scripts/sweep_moe_decode.py, graph-timed, L2 flushed;
+# GPT-OSS-20B and Qwen3-30B-A3B experts, the served models, at T = 1-256): the 32-row row lost at every T it held --
+# 8-16 pairs per expert (GPT-OSS-20B T = 128, Qwen3-30B-A3B T = 256) run the 16-row bk256 tiles 1.07x / 1.01x faster,
+# and at 32 pairs (GPT-OSS-20B T = 256) 64-row blocks (each expert's weight read once rather than up to twice) 1.13x
+# (0.3166 against 0.3566 ms); every other row within 4% of the best of 15 configs.
 MOE_CONFIGS: tuple[tuple[float, MoeConfig], ...] = (
     (1 / 32, MoeConfig(16, 32, 64, num_warps=4, num_stages=4, pdl=True)),  # one token: 4 of 128 / 8 of 256 experts
     (0.5, MoeConfig(16, 32, 64, num_warps=4, num_stages=3, block_k=256, pdl=True)),
-    (8, MoeConfig(16, 64, 64, num_warps=4, num_stages=3, block_k=256)),  # GPT-OSS-120B T=128: 0.871 ms vs 1.019 (16x32/32), 0.822 with bk256
-    (48, MoeConfig(32, 64, 64, num_warps=4, num_stages=4)),
+    (16, MoeConfig(16, 64, 64, num_warps=4, num_stages=3, block_k=256)),  # GPT-OSS-120B T=128: 0.871 ms vs 1.019 (16x32/32), 0.822 with bk256
+    (48, MoeConfig(64, 64, 64, num_warps=4, num_stages=4, pdl=True)),
     (160, MoeConfig(64, 64, 128, num_warps=4, num_stages=3)),
     # 8192-token prefill, fp8-block: expert-sorted rows through TMA on the warp-specialised Gluon
     # kernel, 64-row expert blocks (both warpgroups on every row, 256 weight rows per tile), 4
@@ -143,6 +147,9 @@ MX_DECODE: tuple[tuple[float, MoeConfig], ...] = (
     (2, MoeConfig(4, 32, 64, num_warps=2, num_stages=3, waves=4, diag=True, pdl=True)),
     (16, MoeConfig(8, 64, 64, num_warps=2, num_stages=3, diag=True, pdl=True)),
 )
+# MXFP8 experts past MX_DECODE, to 48 pairs per expert: the 32-row tiles FP8-block experts ran there before the
+# sixteenth pass (which timed FP8-block experts only)
+MX_MID = (48, MoeConfig(32, 64, 64, num_warps=4, num_stages=4))
 # Triton sorted-row tiles: 1.30x (GPT-OSS-120B) / 1.11x (DeepSeek-V3) the same tiles on gathered
 # rows, which were 1.13x / 1.11x the 128x64/128 w8 ones
 PREFILL_TILED = MoeConfig(64, 64, 128, num_warps=4, num_stages=4, sorted_rows=True)
@@ -165,6 +172,8 @@ def pick_moe_config(n_pairs: int, num_experts: int, fmt: str, interleaved: bool 
     cfg = next(c for limit, c in MOE_CONFIGS if avg <= limit)
     if fmt == "mxfp8" and avg <= MX_DECODE[-1][0]:
         return next(c for limit, c in MX_DECODE if avg <= limit)
+    if fmt == "mxfp8" and avg <= MX_MID[0]:
+        return MX_MID[1]
     if fmt == "mxfp8" and avg > MOE_CONFIGS[-2][0]:
         return MX_PREFILL_CONFIG if interleaved else replace(MX_PREFILL_CONFIG, mx_step=MX_PREFILL_STEP_CONCAT)
     if fmt == "mxfp8" and cfg.block_m >= 64:  # per-32 promotion costs more than exact bf16 operands there

@@ -51,7 +51,7 @@ def _legacy_linear(x, w, bias=None, expert=None):
 def _legacy_attend_batch(layer, batch, cache, q, new, expand, *, scale, sinks=None, window=None, ops=None):
     """The engine's attention before the attention ops: the reference attend, sequence by sequence."""
     expand = expand or (lambda c: (c["k"], c["v"]))
-    if cache is not None:
+    if cache is not None and new is not None:  # None: written with the rotation (rope_cache_write)
         cache.write(layer, batch.slot_mapping, new)
     out = []
     for b, (s, e) in enumerate(batch.segments()):
@@ -145,15 +145,16 @@ def test_routing_identical_to_the_ops(gen: torch.Generator, r: moe.Routing) -> N
 
 
 def test_triton_interpreter_forward(tiny, tmp_path: Path) -> None:
-    """gpt-oss, 2 layers, MXFP8: act_quant, GEMM, RoPE, fused MoE (interleaved SwiGLU + biases), sink attention
-    (prefill paged and ragged, decode) all on Triton's interpreter; ~10 s."""
+    """gpt-oss, 2 layers, MXFP8: act_quant, GEMM, RoPE (alone, and with the cache write), the router, fused MoE
+    (interleaved SwiGLU + biases), sink attention (prefill paged and ragged, decode) all on Triton's interpreter; ~10 s."""
     q, _ = requantize(tiny("gpt-oss"), tmp_path / "mxfp8", "mxfp8")
     script = Path(__file__).with_name("triton_forward.py")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, str(script), str(q)], env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert r["ran"] == dict.fromkeys(["act_quant_mxfp8", "gemm_mxfp8", "attention_prefill", "rope_rotate", "fused_moe", "attention_decode"], "triton")
+    ops = ["act_quant_mxfp8", "gemm_mxfp8", "attention_prefill", "rope_rotate", "rope_cache_write", "router_topk", "fused_moe", "attention_decode"]
+    assert r["ran"] == dict.fromkeys(ops, "triton")
     for diff, ref in zip(r["max_abs_diff"], r["max_abs_ref"], strict=True):
         assert diff <= INTERPRETER_TOL * max(1.0, ref), r
     assert all(r["argmax_equal"]), r

@@ -383,16 +383,18 @@ def test_config_table():
     assert pick_moe_config(160 * 128, 128, "mxfp8") == replace(MOE_CONFIGS[-2][1], upcast=True)
     assert not pick_moe_config(4, 128, "mxfp8").upcast
     assert pick_moe_config(4, 128, "fp8-block").block_n1 == 32  # ninth pass
-    # twelfth pass: 256-column K steps for FP8-block experts from 2 tokens (GPT-OSS-120B) to 8 pairs per expert; never for MX
+    # twelfth pass: 256-column K steps for FP8-block experts from 2 tokens (GPT-OSS-120B) to (sixteenth pass) 16 pairs per expert;
+    # never for MX; then 64-row blocks to 48 pairs
     assert pick_moe_config(4, 128, "fp8-block").block_k == 128 and pick_moe_config(8, 256, "fp8-block").block_k == 128
-    assert pick_moe_config(8, 128, "fp8-block").block_k == pick_moe_config(1024, 128, "fp8-block").block_k == 256
-    assert pick_moe_config(1025, 128, "fp8-block").block_k == 128
+    assert pick_moe_config(8, 128, "fp8-block").block_k == pick_moe_config(2048, 128, "fp8-block").block_k == 256
+    assert pick_moe_config(2049, 128, "fp8-block").block_k == 128 and pick_moe_config(2049, 128, "fp8-block").block_m == 64
+    assert pick_moe_config(48 * 128, 128, "fp8-block").block_m == 64 and not pick_moe_config(48 * 128, 128, "fp8-block").upcast
     assert all(pick_moe_config(n, 128, "mxfp8").block_k == 128 for n in (4, 8, 1024, 2049, 8192 * 4))
     assert not any(pick_moe_config(n, 128, "fp8-block").diag for n in (4, 256, 1024, 8192 * 4)), "diag is MX only"
-    # MX decode (eleventh pass): block-diagonal dots to 16 pairs per expert, then the shared table
+    # MX decode (eleventh pass): block-diagonal dots to 16 pairs per expert, then 32-row blocks to 48, then the shared table
     assert pick_moe_config(4, 128, "mxfp8") == MX_DECODE[0][1] and pick_moe_config(256, 128, "mxfp8") == MX_DECODE[0][1]
     assert pick_moe_config(257, 128, "mxfp8") == pick_moe_config(2048, 128, "mxfp8") == MX_DECODE[1][1]
-    assert not pick_moe_config(2049, 128, "mxfp8").diag
+    assert not pick_moe_config(2049, 128, "mxfp8").diag and pick_moe_config(2049, 128, "mxfp8").block_m == 32
     for _, c in MX_DECODE:  # Triton takes wgmma (about 14-bit sums of fp8 products) for 64+ row dots on 4+ warps; mma.sync sums in float32
         assert c.diag and (c.num_warps < 4 or max(c.block_n1, c.block_n2) < 64), f"{c.name()} would run its fp8 dots on wgmma"
 

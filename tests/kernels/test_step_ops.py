@@ -1,13 +1,15 @@
-"""``rope_rotate`` and ``add_rmsnorm`` (quantkit/kernels/step_ref.py, step_triton.py): the Triton kernels give
-their references' bytes (in the interpreter on the CPU, compiled on a GPU), the references are the engine's
-unfused ops (the rotation exactly, RMSNorm to its specified sum order), and bad input fails loudly.
-Budget: under 30 s on 2 cores."""
+"""``rope_rotate``, ``rope_cache_write``, ``add_rmsnorm`` and ``router_topk`` (quantkit/kernels/step_ref.py,
+step_triton.py): the Triton kernels give their references' bytes (the router: the same experts, weights within
+float32 rounding; in the interpreter on the CPU, compiled on a GPU), the references are the engine's unfused ops
+(the rotation and cache write exactly, RMSNorm to its specified sum order, the router's rules), and bad input
+fails loudly.  Budget: under 30 s on 2 cores."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from quantkit.engine.layers.moe import Routing, route
 from quantkit.engine.layers.norm import RMSNorm
 from quantkit.engine.layers.rope import Rope
 from quantkit.kernels import dispatch, step_ref
@@ -73,6 +75,65 @@ def test_add_rmsnorm_triton_bytes_equal_reference(shape, dtype, order):
     assert ((want[1].float() - ref).abs() <= ulp * ref.abs().clamp_min(1e-3)).float().mean() == 1.0
 
 
+def qkv_views(t: int, hq: int, hkv: int, d: int, dtype: torch.dtype, g: torch.Generator):
+    """q, k, v as the fused q/k/v GEMM gives them: column views of one [T, (Hq + 2 Hkv) D] output."""
+    y = (torch.randn(t, (hq + 2 * hkv) * d, generator=g) * 3).to(dtype)
+    q, k, v = y.split([hq * d, hkv * d, hkv * d], dim=-1)
+    return q.view(t, hq, d), k.view(t, hkv, d), v.view(t, hkv, d)
+
+
+def rope_cache_case(t, hq, hkv, d, dtype, style, device="cpu", **kw):
+    g = torch.Generator().manual_seed(t * 100 + hq)
+    q, k, v = qkv_views(t, hq, hkv, d, dtype, g)
+    cos, sin = table(t, d, dtype)
+    slots = torch.randperm(3 * t + 4, generator=g)[:t]  # scattered rows of a 3T+4-slot cache
+    caches = [torch.full((3 * t + 4, hkv, d), 7.0, dtype=dtype) for _ in range(4)]  # k, v: reference; k, v: op
+    want = step_ref.rope_cache_write(q, k, v, cos, sin, style, slots, caches[0], caches[1])
+    dev = [a.to(device) for a in (q, k, v, cos, sin, slots, caches[2], caches[3])]
+    if device != "cpu":  # views of one GEMM output on the device too
+        y = torch.cat([a.reshape(t, -1) for a in (q, k, v)], dim=-1).to(device)
+        dev[:3] = [a.view(t, -1, d) for a in y.split([hq * d, hkv * d, hkv * d], dim=-1)]
+    got = dispatch.call("rope_cache_write", *dev[:5], style, *dev[5:], **kw)
+    return (want, caches[0], caches[1]), (got.cpu(), dev[6].cpu(), dev[7].cpu()), (q, k, v, cos, sin, slots)
+
+
+@pytest.mark.parametrize("style", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(3, 8, 2, 64), (1, 4, 4, 24), (5, 16, 4, 128)])
+def test_rope_cache_write_triton_bytes_equal_reference(shape, dtype, style):
+    want, got, (q, k, v, cos, sin, slots) = rope_cache_case(*shape, dtype, style, backend="triton", block_h=4)
+    assert all(same(a, b) for a, b in zip(got, want))
+    # the reference is the unfused path: rope_rotate on q and k, then the cache's index write
+    assert same(want[0], step_ref.rope_rotate(q, cos, sin, style))
+    assert same(want[1][slots], step_ref.rope_rotate(k, cos, sin, style)) and same(want[2][slots], v.contiguous())
+    untouched = torch.ones(want[1].shape[0], dtype=torch.bool)
+    untouched[slots] = False
+    assert bool((want[1][untouched] == 7).all() and (got[1][untouched] == 7).all() and (got[2][untouched] == 7).all())
+
+
+ROUTER_CASES = [("topk_softmax", False, 32, 4, 2880, True), ("softmax_topk", True, 128, 8, 256, False),
+                ("softmax_topk", False, 20, 3, 100, False), ("topk_softmax", False, 8, 8, 64, True)]  # fmt: skip
+
+
+def router_case(rule, norm, e, k, h, bias, t, dtype=torch.bfloat16, device="cpu", **kw):
+    g = torch.Generator().manual_seed(e + t)
+    x = torch.randn(t, h, generator=g).to(dtype)
+    w = (torch.randn(e, h, generator=g) * h**-0.5).to(dtype)  # as stored (bf16): the op upcasts it exactly
+    b = torch.randn(e, generator=g) if bias else None
+    want = route(torch.nn.functional.linear(x.float(), w.float(), b), Routing(rule, k, norm))
+    assert all(torch.equal(a, c) for a, c in zip(step_ref.router_topk(x, w, b, k, rule, norm), want))  # the reference is the engine's router
+    got = dispatch.call("router_topk", x.to(device), w.to(device), None if b is None else b.to(device), k, rule, norm, **kw)
+    return want, (got[0].cpu(), got[1].cpu())
+
+
+@pytest.mark.parametrize("case", ROUTER_CASES)
+@pytest.mark.parametrize("t", [1, 19])
+def test_router_topk_triton_matches_reference(case, t):
+    (ww, wi), (gw, gi) = router_case(*case, t, backend="triton", block_t=2, k_split=64)
+    assert gi.dtype == torch.int64 and torch.equal(gi, wi)
+    assert gw.dtype == torch.float32 and torch.allclose(gw, ww, rtol=1e-5, atol=1e-6)
+
+
 def test_bad_input_is_refused():
     x = torch.randn(2, 3, 64)
     cos, sin = table(2, 64, torch.float32)
@@ -84,6 +145,15 @@ def test_bad_input_is_refused():
         step_ref.add_rmsnorm(torch.randn(2, 8), torch.randn(2, 8).bfloat16(), torch.ones(8), 1e-6)
     with pytest.raises(ValueError, match="promote"):
         step_ref.add_rmsnorm(torch.randn(2, 8).bfloat16(), torch.randn(2, 8).bfloat16(), torch.ones(8), 1e-6, "hf")
+    q, kc = torch.randn(2, 4, 64), torch.zeros(9, 2, 64)
+    with pytest.raises(ValueError, match="slots"):
+        step_ref.rope_cache_write(q, q[:, :2], q[:, :2], cos, sin, "half", torch.tensor([1.0, 2.0]), kc, kc.clone())
+    with pytest.raises(ValueError, match="caches must be contiguous"):
+        step_ref.rope_cache_write(q, q[:, :2], q[:, :2], cos, sin, "half", torch.tensor([1, 2]), torch.zeros(9, 4, 64), kc)
+    with pytest.raises(ValueError, match="top_k 9 of 8"):
+        step_ref.router_topk(torch.randn(2, 16), torch.randn(8, 16), None, 9, "topk_softmax")
+    with pytest.raises(ValueError, match="rule must be one of"):
+        step_ref.router_topk(torch.randn(2, 16), torch.randn(8, 16), None, 2, "grouped_sigmoid")
 
 
 @pytest.mark.gpu
@@ -103,3 +173,17 @@ def test_gpu_compiled_bytes_equal_reference(dtype):
         want = step_ref.add_rmsnorm(x, y, w, 1e-6, order)
         got = dispatch.call("add_rmsnorm", x.cuda(), y.cuda(), w.cuda(), 1e-6, order)
         assert same(got[0].cpu(), want[0]) and same(got[1].cpu(), want[1]), (shape, order)
+    for style, shape in [("half", (1, 64, 8, 64)), ("half", (200, 64, 8, 64)), ("interleaved", (7, 32, 4, 128))]:
+        want, got, _ = rope_cache_case(*shape, dtype, style, device="cuda")
+        assert dispatch.which("rope_cache_write", "cuda") == "triton" and all(same(a, b) for a, b in zip(got, want)), (style, shape)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("case", ROUTER_CASES)
+@pytest.mark.parametrize("t", [1, 64, 1000])
+def test_gpu_router_topk_matches_reference(case, t):
+    (ww, wi), (gw, gi) = router_case(*case, t, device="cuda")
+    assert dispatch.which("router_topk", "cuda") == "triton"
+    # the same experts but where two float32 logits tie within the kernel's other summation order
+    assert (gi == wi).all(dim=1).float().mean() >= 0.999 and torch.allclose(gw, ww, rtol=1e-4, atol=1e-6)

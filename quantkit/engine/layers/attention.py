@@ -52,7 +52,7 @@ def attend_batch(
     batch: Batch,
     cache: KVCache | None,
     q: torch.Tensor,
-    new: dict[str, torch.Tensor],
+    new: dict[str, torch.Tensor] | None,
     expand: Expand | None,
     *,
     scale: float,
@@ -60,7 +60,7 @@ def attend_batch(
     window: int | None = None,
     ops: Dispatcher | None = None,
 ) -> torch.Tensor:
-    """Write this step's per-token cache entries ``new``, then attend each sequence to its context.
+    """Write this step's per-token cache entries ``new`` (None: written already), then attend each sequence to its context.
 
     ``expand`` turns cached (or new) entries into (k, v) [m, Hkv, D|Dv]; None means the entries
     are ``k`` and ``v`` themselves, read in place from the paged cache.  ``ops``: the model's
@@ -70,7 +70,8 @@ def attend_batch(
     if cache is not None:
         if not batch.uses_cache:
             raise ValueError("a KV cache was given but the batch has no slots: build it with KVCache.schedule")
-        cache.write(layer, batch.slot_mapping, new)
+        if new is not None:
+            cache.write(layer, batch.slot_mapping, new)
     m = batch.attn
     if cache is not None and expand is None:
         k, v = cache.layers[layer]["k"], cache.layers[layer]["v"]  # [slots, Hkv, D]
@@ -122,7 +123,7 @@ class Attention(nn.Module):
         return {"k": (self.num_kv_heads, self.head_dim), "v": (self.num_kv_heads, self.head_dim)}
 
     def forward(self, x: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
-        return self._attend(*self.qkv(x), batch, cache)
+        return self._attend(*self.qkv(x, views=True), batch, cache)
 
     def forward_normed(self, norm: RMSNorm, x: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
         """forward(norm(x)); the norm fused with the q/k/v projections' input quantization where
@@ -130,15 +131,24 @@ class Attention(nn.Module):
         a = norm_quantized(norm, self.qkv.parts, x)
         if a is None:
             return self.forward(norm(x), batch, cache)
-        return self._attend(*self.qkv.quantized(*a, x.dtype), batch, cache)
+        return self._attend(*self.qkv.quantized(*a, x.dtype, views=True), batch, cache)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
+        """q, k, v [T, N_i] (views of one GEMM output where the projections fused) -> o_proj of the attention."""
         t = q.shape[0]
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope(q, batch.positions, batch, self.ops), self.rope(k, batch.positions, batch, self.ops)
-        o = attend_batch(self.layer, batch, cache, q, {"k": k, "v": v}, None, scale=self.scale, sinks=self.sinks, window=self.window, ops=self.ops)
+        if cache is not None and batch.uses_cache and all(self.rope.kernel_ok(a) for a in (q, k, v)):
+            # RoPE and the cache write as one op (rope_cache_write): q, k, v read in place
+            cos, sin = self.rope.table(batch.positions, batch, q.dtype)
+            entries = cache.layers[self.layer]
+            q = self.ops.call("rope_cache_write", q, k, v, cos[:, 0], sin[:, 0], self.rope.style, batch.slot_mapping, entries["k"], entries["v"])
+            new = None
+        else:
+            q, k = self.rope(q, batch.positions, batch, self.ops), self.rope(k, batch.positions, batch, self.ops)
+            new = {"k": k, "v": v}
+        o = attend_batch(self.layer, batch, cache, q, new, None, scale=self.scale, sinks=self.sinks, window=self.window, ops=self.ops)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))

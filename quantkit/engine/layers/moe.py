@@ -34,6 +34,7 @@ from torch import nn
 
 from ...kernels.fused_moe_ref import FORMATS as FUSED_FORMATS
 from ...kernels.fused_moe_ref import ExpertWeights, MoeSpec, stack_gate_up
+from ...kernels.step_ref import ROUTER_OP_TOKENS, ROUTER_RULES, topk_route
 from ..qlinear import QWeight, linear
 
 RULES = ("topk_softmax", "softmax_topk", "grouped_sigmoid")
@@ -56,14 +57,8 @@ class Routing:
 
 def route(logits: torch.Tensor, r: Routing, correction_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 router logits [T, E] -> (weights float32 [T, k], expert ids [T, k])."""
-    if r.rule == "topk_softmax":
-        top, idx = torch.topk(logits, r.top_k, dim=-1)
-        return torch.softmax(top, dim=1), idx
-    if r.rule == "softmax_topk":
-        top, idx = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float), r.top_k, dim=-1)
-        if r.norm_topk_prob:
-            top = top / top.sum(dim=-1, keepdim=True)
-        return top, idx
+    if r.rule in ROUTER_RULES:
+        return topk_route(logits, r.rule, r.top_k, r.norm_topk_prob)
     scores = logits.sigmoid()
     choice = scores if correction_bias is None else scores + correction_bias
     e = logits.shape[-1]
@@ -79,16 +74,25 @@ def route(logits: torch.Tensor, r: Routing, correction_bias: torch.Tensor | None
 
 
 class Router(nn.Module):
+    """Router logits in float32, then the routing rule.  With ``ops`` (the model's dispatcher) the two top-k rules
+    run as one ``router_topk`` op (quantkit/kernels/step_ref.py) for up to ROUTER_OP_TOKENS tokens, which reads the weight as the checkpoint stored
+    it (``weight_src``: bf16 upcasts exactly, so the logits are the same float32 products) where it is 16-bit."""
+
     def __init__(self, weight: torch.Tensor, routing: Routing, bias: torch.Tensor | None = None, correction_bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.register_buffer("weight", weight.to(torch.float32))
+        self.register_buffer("weight_src", weight if weight.dtype in (torch.bfloat16, torch.float16) else None, persistent=False)
         self.register_buffer("bias", None if bias is None else bias.to(torch.float32))
         self.register_buffer("correction_bias", None if correction_bias is None else correction_bias.to(torch.float32))
         self.routing = routing
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, ops=None) -> tuple[torch.Tensor, torch.Tensor]:
+        r = self.routing
+        if ops is not None and r.rule in ROUTER_RULES and x.dim() == 2 and x.shape[0] <= ROUTER_OP_TOKENS:
+            w = self.weight if self.weight_src is None else self.weight_src
+            return ops.call("router_topk", x, w, self.bias, r.top_k, r.rule, r.norm_topk_prob)
         logits = torch.nn.functional.linear(x.to(torch.float32), self.weight, self.bias)
-        return route(logits, self.routing, self.correction_bias)
+        return route(logits, r, self.correction_bias)
 
 
 class Experts(nn.Module):
@@ -199,6 +203,6 @@ class MoE(nn.Module):
         self.ep = None  # expert parallel (a rank's share of the experts, ...parallel.ExpertParallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w, idx = self.router(x)
+        w, idx = self.router(x, self.experts.ops)
         y = self.experts(x, w, idx) if self.ep is None else self.ep.routed(self.experts, x, w, idx)
         return y if self.shared is None else y + self.shared(x)

@@ -110,15 +110,22 @@ class Rope(nn.Module):
         cos, sin = freqs.cos() * self.scale, freqs.sin() * self.scale
         return cos.to(dtype)[:, None], sin.to(dtype)[:, None]
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, memo: Batch | None = None, ops: Dispatcher | None = None) -> torch.Tensor:
-        """x [T, heads, dim] rotated by each token's position; with ``memo`` (the step's batch, whose positions
-        these are) the cos / sin table is made once per step and dtype and shared by every layer; with ``ops``
-        (the model's dispatcher) the rotation is the ``rope_rotate`` op (one launch on a GPU; the same bytes)."""
+    def table(self, positions: torch.Tensor, memo: Batch | None, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, dim/2] of ``positions``; with ``memo`` (the step's batch, whose positions these are) made once
+        per step and dtype and shared by every layer."""
         if memo is None:
-            cos, sin = self.cos_sin(positions, x.dtype)
-        else:
-            cos, sin = memo.memoized(("rope", id(self), x.dtype), lambda: self.cos_sin(positions, x.dtype))
-        if ops is not None and x.dim() == 3 and x.stride(-1) == 1 and x.dtype in ROPE_DTYPES:
+            return self.cos_sin(positions, dtype)
+        return memo.memoized(("rope", id(self), dtype), lambda: self.cos_sin(positions, dtype))
+
+    def kernel_ok(self, x: torch.Tensor) -> bool:
+        """Whether the rotation ops (``rope_rotate``, ``rope_cache_write``) take x [T, heads, dim]."""
+        return x.dim() == 3 and x.stride(-1) == 1 and x.dtype in ROPE_DTYPES
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, memo: Batch | None = None, ops: Dispatcher | None = None) -> torch.Tensor:
+        """x [T, heads, dim] rotated by each token's position (table: :meth:`table`); with ``ops`` (the model's
+        dispatcher) the rotation is the ``rope_rotate`` op (one launch on a GPU; the same bytes)."""
+        cos, sin = self.table(positions, memo, x.dtype)
+        if ops is not None and self.kernel_ok(x):
             return ops.call("rope_rotate", x, cos[:, 0], sin[:, 0], self.style)
         if self.style == "half":
             x1, x2 = x[..., : self.dim // 2], x[..., self.dim // 2 :]

@@ -1,0 +1,92 @@
+#!/usr/bin/env python
+"""Sweep the fused MoE's decode tile configs on served models' expert shapes (GPT-OSS-20B: 32 experts,
+top-4, H = I = 2880; Qwen3-30B-A3B: 128 experts, top-8, H 2048, I 768), at the token counts of a decode
+batch, FP8-block experts; each config checked against the torch reference first (``bench_moe.moe_check``).
+
+Timing: ``bench_common.Bench.graph_ms`` (a CUDA graph of calls, each after an L2 flush: the experts come from
+HBM, as in a served step).  Writes OUT/bench.log, OUT/results.jsonl and OUT/moe_sweep.json; prints the table
+config and the best per (model, T) last.
+
+    python scripts/sweep_moe_decode.py --out OUT [--models gpt-oss-20b qwen3-30b-a3b] [--tokens 1 8 32 64 128 256]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_common import Bench, bench_parser, fmt, start_device  # noqa: E402
+from bench_kernels import environment  # noqa: E402
+from bench_moe import Model, hit_bytes, model_experts, moe_check, tokens  # noqa: E402
+
+MODELS = {
+    "gpt-oss-20b": Model("gpt-oss-20b", 32, 2880, 2880, 4, "topk_softmax", "gpt-oss"),
+    "qwen3-30b-a3b": Model("qwen3-30b-a3b", 128, 2048, 768, 8, "softmax_topk", "silu", (("norm_topk_prob", True),)),
+}
+CPU_MODELS = {"gpt-oss-20b": Model("gpt-oss-20b", 8, 160, 128, 4, "topk_softmax", "gpt-oss")}
+# (block_m, block_n1, block_n2, warps, stages, block_k, pdl); the table's own config is timed first
+CANDIDATES = (
+    (16, 32, 64, 4, 4, 128, True), (16, 32, 64, 4, 3, 256, True), (16, 64, 64, 4, 3, 256, False), (16, 64, 128, 4, 3, 256, True),
+    (16, 32, 32, 4, 5, 128, True), (16, 64, 64, 4, 4, 128, True), (32, 64, 64, 4, 4, 128, False), (32, 64, 64, 4, 3, 256, True),
+    (32, 32, 64, 4, 4, 128, True), (64, 64, 128, 4, 3, 128, False), (64, 64, 64, 4, 4, 128, True), (64, 32, 64, 4, 4, 128, True),
+    (32, 128, 128, 8, 3, 128, False), (64, 128, 128, 8, 3, 128, False),
+)  # fmt: skip
+
+
+def main() -> None:
+    p = bench_parser(__doc__, budget_s=300.0, rep_ms=20)
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--tokens", nargs="+", type=int, default=[1, 8, 32, 64, 128, 256])
+    args = p.parse_args()
+    torch, device = start_device(args)
+    from quantkit.kernels.fused_moe import MoeConfig, fused_moe, pick_moe_config
+    from quantkit.kernels.fused_moe_ref import fused_moe_ref
+
+    gpu, peaks, versions = environment(torch, device)
+    b = Bench(torch, device, gpu, peaks, args.out, args.warmup_ms, args.rep_ms, time.monotonic() + args.budget_s)
+    b.log(f"sweep_moe_decode: {gpu} {versions}")
+    models = MODELS if b.cuda else CPU_MODELS
+    ts = args.tokens if b.cuda else [1, 9]
+    cands = CANDIDATES if b.cuda else CANDIDATES[:2]
+    result: dict[str, dict] = {}
+    for name in args.models:
+        if name not in models:
+            continue
+        m = models[name]
+        ex = model_experts(torch, "fp8-block", m, device)
+        for t in ts:
+            x, wts, ids = tokens(torch, ex, t, device)
+            ref = fused_moe_ref(x, wts, ids, ex.w13, ex.w2, ex.spec)
+            nbytes = hit_bytes(torch, ids, ex.w13, ex.w2) + 4.0 * t * m.h
+            flops = 2.0 * t * m.top_k * 3 * m.h * m.inter
+            table = pick_moe_config(t * m.top_k, m.e, "fp8-block", ex.spec.interleaved)
+            cfgs = [("table " + table.name(), table)]
+            cfgs += [(c.name(), c) for c in (MoeConfig(*v[:5], block_k=v[5], pdl=v[6]) for v in cands) if c != table]
+            rows = []
+            for label, cfg in cfgs:
+                if b.out_of_time():
+                    b.skipped.append(f"{name} T={t} {label}")
+                    continue
+                r = b.measure("moe-sweep", name, (t, m.h, m.inter), label,
+                              lambda cfg=cfg: fused_moe(x, wts, ids, ex.w13, ex.w2, ex.spec, config=cfg), flops, nbytes, peaks[0], moe_check(torch, ref))  # fmt: skip
+                rows.append(r)
+            ok = [r for r in rows if r.check.startswith("ok") and r.t]
+            if ok:
+                best, tab = min(ok, key=lambda r: r.t), rows[0]
+                result[f"{name} T={t}"] = {"table": tab.backend, "table_ms": tab.t, "best": best.backend, "best_ms": best.t,
+                                            "floor_ms": nbytes / (peaks[2] * 1e9) * 1e3, "all": {r.backend: r.t for r in rows}}  # fmt: skip
+        del ex
+    (args.out / "moe_sweep.json").write_text(json.dumps(result, indent=1))
+    b.log("\n| case | table | ms | best | ms | floor ms | table/best |\n|---|---|---|---|---|---|---|")
+    for case, r in result.items():
+        b.log(f"| {case} | {r['table']} | {fmt(r['table_ms'])} | {r['best']} | {fmt(r['best_ms'])} | {fmt(r['floor_ms'])} | {r['table_ms'] / r['best_ms']:.2f} |")
+    if b.skipped:
+        b.log(f"skipped (budget): {len(b.skipped)}")
+
+
+if __name__ == "__main__":
+    main()

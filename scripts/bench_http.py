@@ -4,9 +4,9 @@
     python scripts/bench_http.py --url http://127.0.0.1:8000 --out /tmp/bh --concurrency 1,8,32,64,128,256 \\
         --prompt-len 512 --gen 128 [--engine-results /tmp/bs/results.jsonl]
 
-For each concurrency C, C clients (asyncio, one connection per request) send ``--rounds`` requests each
-of ``--prompt-len`` random token ids for ``--gen`` greedy tokens (end of sequence ignored), once
-streamed and once whole.  Reported per C and mode: output tokens/s (all completion tokens over the
+For each concurrency C, after an untimed round of C requests for 4 tokens, C clients (asyncio, one
+connection per request) send ``--rounds`` requests each of ``--prompt-len`` random token ids for ``--gen``
+greedy tokens (end of sequence ignored), once streamed and once whole.  Reported per C and mode: output tokens/s (all completion tokens over the
 wall time), and for streams the time to first token and the inter-token latency (a request's mean
 time per token after its first), p50 and p99 over requests; for whole responses the request latency.  With
 ``--engine-results`` (``scripts/bench_serve.py``'s results.jsonl at the same prompt and generation
@@ -155,6 +155,8 @@ def main() -> None:
     for mode in ("stream", "whole"):  # warm-up
         asyncio.run(level(a, 1, mode, random.Random(1)))
     for c in a.concurrency:
+        # untimed: the same C for a few tokens first, as scripts/bench_serve.py does for the engine
+        asyncio.run(level(argparse.Namespace(**{**vars(a), "gen": 4, "rounds": 1}), c, "whole", random.Random(c)))
         for mode in ("stream", "whole"):
             row = asyncio.run(level(a, c, mode, rng))
             if c in engine:

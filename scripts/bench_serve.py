@@ -122,6 +122,7 @@ def run_engine(model, eos, c: int, a, rng):
     from quantkit.serve.sampling import SamplingParams
 
     eng = new_engine(model, eos, c, a)
+    eng.warm_up()  # as `quantkit serve` does at start: no timed step waits for a kernel to compile
     vocab = model.embed_tokens.shape[0]
     prompts = [[rng.randrange(vocab) for _ in range(a.prompt_len)] for _ in range(c)]
     params = SamplingParams(max_tokens=a.gen, temperature=0, ignore_eos=True)

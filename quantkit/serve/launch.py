@@ -40,7 +40,8 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
     ``ep_exchange``: how the MoE layers exchange tokens (all-reduce, or all-to-all dispatch and combine).
     On a GPU the DeepGEMM kernels the GEMMs will run are compiled here (``CausalLM.prepare_kernels``: a first
     request of a new size would otherwise wait 4-5 s for nvcc), and on one GPU the decode steps' CUDA graphs
-    captured, before the server binds (``enforce_eager``: none)."""
+    captured (``enforce_eager``: none) and every kind of step run once on dummy requests (``LLMEngine.warm_up``:
+    Triton compiles each kernel specialisation at its first launch), before the server binds."""
     from ..engine import parallel
     from ..engine.loader import load
     from . import distributed
@@ -87,6 +88,9 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
     warmup = [f"DeepGEMM kernels ready in {time.perf_counter() - t:.1f} s"] if by_shape else []
     warmup += [f"a DeepGEMM kernel did not build (Triton runs instead): {e}" for e in failed]
     engine.runner.capture()
+    if model.device.type == "cuda" and ctrl is None:  # one process: every step kind once, its kernels compiled now
+        steps, secs = engine.warm_up()
+        warmup.append(f"warm-up: {steps} steps in {secs:.1f} s")
     if ctrl is not None:  # the other groups' caches live on their ranks: rank 0 keeps their block tables
         engine = DPEngine([engine] + [scheduler(KVCache([], blocks, block_size)) for _ in range(dp - 1)], ctrl, tp,
                           idle_tick_s=dist_timeout_s / 4)

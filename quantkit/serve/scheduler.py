@@ -478,6 +478,29 @@ class LLMEngine:
         if r.first_token_time is not None:
             s.ttft_sum += r.first_token_time - r.arrival
 
+    def warm_up(self) -> tuple[int, float]:
+        """Run dummy requests through the kinds of step a server meets -- prefills of 1 to a whole token budget and
+        an odd tail, prefill chunks mixed with decodes, greedy and device-sampled decodes -- so that every kernel
+        specialisation they need compiles now rather than during a client's request (on the H200 a first
+        mixed step of a new size waited seconds for Triton).  Leaves no request, no block in use and fresh
+        stats; the dummy prompts' blocks may stay in the prefix cache, free.  Returns (steps, seconds)."""
+        t0, vocab, steps = time.monotonic(), self.vocab_size, 0
+        budget = self.max_num_batched_tokens
+        greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+        drawn = SamplingParams(max_tokens=3, temperature=1.0, top_k=50, top_p=0.9, seed=0, ignore_eos=True)
+        phases = [[budget + 37], [1], [17], [100], [300], [1000], [300, 64, 17, 5, 1, 2]]
+        for i, lengths in enumerate(phases):
+            reqs = []
+            for j, n in enumerate(lengths):
+                n = max(1, min(n, self.max_model_len - 3, self.cache.num_blocks * self.cache.block_size // 2))
+                prompt = [(7919 * (i * 31 + j) + 13 * k) % vocab for k in range(n)]
+                reqs.append(self.add_request(prompt, drawn if j % 2 else greedy, f"warm-up-{i}-{j}"))
+            while any(not r.finished for r in reqs):
+                self.step()
+                steps += 1
+        self.stats = EngineStats()
+        return steps, time.monotonic() - t0
+
     def run_all(self) -> None:
         """Step until every request has finished (offline use and tests)."""
         while self.has_work():

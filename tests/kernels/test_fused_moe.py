@@ -527,8 +527,8 @@ def test_gpu_programmatic_dependent_launch_changes_no_byte(fmt):
     g = torch.Generator().manual_seed(11)
     w13, w2 = experts(fmt, 32, 5760, 2880, g, True, "cuda"), experts(fmt, 32, 2880, 2880, g, True, "cuda")
     rows = [c for _, c in (MOE_CONFIGS if fmt == "fp8-block" else MX_DECODE) if c.pdl]
-    assert len(rows) == 2, [c.name() for c in rows]  # the two few-token rows of either table
-    for t, cfg in itertools.product((1, 4), rows):  # 0.125 and 0.5 (token, slot) pairs per expert
+    assert len(rows) == (3 if fmt == "fp8-block" else 2), [c.name() for c in rows]  # the few-token rows (FP8-block: and the 64-row one)
+    for t, cfg in itertools.product((1, 4, 256), rows):  # 0.125, 0.5 and 32 (token, slot) pairs per expert
         x = torch.randn(t, 2880, generator=g).to(torch.bfloat16).cuda()
         w, ids = routed(t, 4, 32, g, "cuda")
         plain = run_triton(x, w, ids, w13, w2, GPT_OSS, "cuda", replace(cfg, pdl=False))

@@ -192,3 +192,15 @@ def test_min_tokens_hold_back_every_stop(model):
     assert r.output == want and eos not in r.output[:3] and stop_id not in r.output[:3]
     with pytest.raises(ValueError, match="min_tokens must be in"):
         SamplingParams(max_tokens=2, min_tokens=3)
+
+
+@pytest.mark.parametrize("family", ["gpt-oss", "qwen3-moe"])
+def test_warm_up_leaves_the_engine_as_new(model, expected, family):
+    """``LLMEngine.warm_up`` (a server's start on a GPU): every kind of step runs, then nothing is left behind --
+    no request, no block in use, fresh stats -- and later requests generate what they would have."""
+    eng = LLMEngine(model(family), num_blocks=64, block_size=4, max_num_batched_tokens=24)
+    steps, _ = eng.warm_up()
+    assert steps > 7 and not eng.has_work() and eng.kv_usage == 0 and eng.stats.steps == 0 and not eng.stats.finished
+    reqs = [eng.add_request(p, GREEDY) for p in PROMPTS]
+    eng.run_all()
+    assert [r.output for r in reqs] == expected(family) and eng.stats.steps > 0

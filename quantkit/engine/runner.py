@@ -239,14 +239,38 @@ class ModelRunner:
         return next(b for b in self.buckets if b >= n)
 
     def _replay(self, order: list[tuple[Hashable, int]], tokens: list[int] | torch.Tensor, rows: list[int]):
+        n = len(order)
+        out = self._run(self._stage(order, tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens))
+        if not rows:
+            return None, None
+        if len(rows) == n:  # every row, in order (a step's rows are distinct and increasing)
+            return out["logits"][:n], out["top"][:n]
+        idx = torch.tensor(rows, device=self.model.device)
+        return out["logits"][idx], out["top"][idx]
+
+    def replay_top(self, order: list[tuple[Hashable, int]], tokens: list[int] | None = None, src: list[int] | None = None,
+                   prev_top: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """A decode step (one token per sequence of ``order``) replayed without reading anything back: the argmax
+        ids of its bucket on the device (the graph's own buffer: read or gather from it before that bucket's next
+        replay).  The tokens are ``tokens``, or still on the device: sequence i's is ``prev_top[src[i]]``, the step
+        before's argmax (the scheduler's lookahead)."""
+        if tokens is not None:
+            return self._run(self._stage(order, tokens))["top"]
+        b = self._stage(order, src)  # the ids region holds the rows of prev_top to take (padding: row 0)
+        ids = self.head[:b]
+        ids.copy_(prev_top.index_select(0, ids))
+        return self._run(b)["top"]
+
+    def _stage(self, order: list[tuple[Hashable, int]], ids: list[int]) -> int:
+        """The static buffers of a decode step of ``order`` with token ids ``ids``: one copy of the head buffer
+        and the changed block-table rows; returns the bucket it replays."""
         self.capture()
         n = len(order)
         b = self.bucket(n)
         positions, slots, tables = self.cache.schedule_decode([s for s, _ in order])
         pad = b - n
-        ids = tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens
         pad_slot = self.scratch * self.cache.block_size
-        head = ids + [0] * pad + positions + [0] * pad + slots + [pad_slot] * pad + [p + 1 for p in positions] + [1] * pad
+        head = list(ids) + [0] * pad + positions + [0] * pad + slots + [pad_slot] * pad + [p + 1 for p in positions] + [1] * pad
         if self.copied is not None:
             self.copied.synchronize()  # the last step's copies out of the pinned staging buffers are done
         self.stage_np[: 4 * b] = head
@@ -255,6 +279,9 @@ class ModelRunner:
         self.staged.update(tables)
         if self.copied is not None:
             self.copied.record()
+        return b
+
+    def _run(self, b: int) -> dict[str, torch.Tensor]:
         if self.static:
             with torch.no_grad():
                 out = self._forward(b)
@@ -262,9 +289,4 @@ class ModelRunner:
             g, out = self.graphs[b]
             g.replay()
         self.replays += 1
-        if not rows:
-            return None, None
-        if len(rows) == n:  # every row, in order (a step's rows are distinct and increasing)
-            return out["logits"][:n], out["top"][:n]
-        idx = torch.tensor(rows, device=self.model.device)
-        return out["logits"][idx], out["top"][idx]
+        return out

@@ -137,6 +137,17 @@ class Step:
     wants: list[tuple[Request, int, list[int], bool]]  # (request, first row, prompt-logprob positions, sample?)
 
 
+@dataclass(eq=False)
+class Ahead:
+    """A decode step launched before the host read its tokens back (the scheduler's lookahead): its Step, its
+    argmax ids on the device, their pinned host copy and the event that marks the copy done (None: synchronous)."""
+
+    st: Step
+    top: torch.Tensor
+    host: torch.Tensor
+    event: object
+
+
 @dataclass
 class EngineStats:
     prompt_tokens: int = 0
@@ -153,10 +164,12 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int = 16, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 2048, max_model_len: int | None = None, eos_ids: tuple[int, ...] = (),
-                 prefix_caching: bool = True, cache: KVCache | None = None, enforce_eager: bool = False) -> None:
+                 prefix_caching: bool = True, cache: KVCache | None = None, enforce_eager: bool = False,
+                 lookahead: bool = True) -> None:
         """``cache``: the KV cache to schedule (the model's own, new, when None; sharded serving's front end
         gives the other DP groups' schedulers a cache of block tables alone, :class:`KVCache` of no layers).
-        ``enforce_eager``: no CUDA graphs (:class:`quantkit.engine.runner.ModelRunner`)."""
+        ``enforce_eager``: no CUDA graphs (:class:`quantkit.engine.runner.ModelRunner`).  ``lookahead``: graphed
+        decode steps of plain-greedy requests are launched one ahead (:meth:`step`)."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got {max_num_seqs}, {max_num_batched_tokens}")
         self.model = model
@@ -177,6 +190,9 @@ class LLMEngine:
         self.released: list = []  # then: sequences released since the last step, for the other ranks to release
         self.idle_tick_s: float | None = None  # how often an idle engine thread calls tick() (None: never)
         self.runner = ModelRunner(model, self.cache, max_num_seqs, self.max_model_len, enforce_eager)
+        self.lookahead = lookahead
+        self.ahead: Ahead | None = None  # the launched decode step whose tokens are not read back yet
+        self._pinned: list[torch.Tensor] = []  # two host buffers for those tokens, used in turn
 
     # --- requests -------------------------------------------------------------------------------
     def check_request(self, prompt: list[int], params: SamplingParams) -> None:
@@ -316,9 +332,25 @@ class LLMEngine:
     # --- one step --------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self) -> list[Request]:
-        """Run one batch; the requests that advanced (new tokens, prompt logprobs, or finished)."""
+        """Run one batch; the requests that advanced (new tokens, prompt logprobs, or finished).
+
+        Lookahead (vLLM's async scheduling, for CUDA-graph decode steps of plain-greedy requests, nothing waiting):
+        the next step is launched before this one's tokens are read back -- its tokens are gathered on the device
+        from this step's argmax -- so the GPU runs step n + 1 while the host reads, detokenizes and accounts step
+        n.  A call then launches step n + 1 and returns what step n produced.  A request that ends at step n by
+        its length is left out of step n + 1; one that ends by a stop (end of sequence, stop id or string) or is
+        aborted meanwhile had its step n + 1 row computed and dropped (its one token of KV written to its own
+        last block, freed with it)."""
+        if self.ahead is not None:
+            prev = self.ahead
+            self.ahead = None
+            self.ahead = self._launch_ahead(prev)
+            return self._land(prev)
         st = self.prepare()
         if st is None:
+            return []
+        if self._pipelined(st):
+            self.ahead = self._launch(st, st.tokens)
             return []
         logits, top = self.runner.run(st.order, st.tokens, st.rows)
         if logits is None:
@@ -328,6 +360,62 @@ class LLMEngine:
         rows, draws = self.device_draws(st, logits.device)
         picks, top_ids = sampling.sample_rows(logits, rows, draws, top)
         return self.complete(st, top_ids, rows_to_host(logits, self.host_rows(st, device_sampling=True)), dict(zip(rows, picks)))
+
+    def _pipelined(self, st: Step) -> bool:
+        """Whether step st may be launched ahead: a graphed decode step whose every row is a plain argmax."""
+        run = self.runner
+        if not (self.lookahead and run.buckets and not self.replayed and not self.waiting) or len(st.order) > run.buckets[-1]:
+            return False
+        if any(n != 1 for _, n in st.order):
+            return False
+        return all(now and not lp and not self._needs_row(r) for r, _, lp, now in st.wants)
+
+    def _launch(self, st: Step, tokens: list[int] | None, prev: Ahead | None = None, src: list[int] | None = None) -> Ahead:
+        """Replay decode step st (tokens from the host, or rows ``src`` of ``prev``'s argmax on the device) and
+        start copying its argmax to the host, without waiting."""
+        top = self.runner.replay_top(st.order, tokens, src, None if prev is None else prev.top)
+        n, dev = len(st.order), top.device
+        if not self._pinned:
+            size = self.runner.buckets[-1]
+            self._pinned = [torch.empty(size, dtype=torch.int64, pin_memory=dev.type == "cuda") for _ in range(2)]
+        host = self._pinned[0] if prev is None or prev.host is not self._pinned[0] else self._pinned[1]
+        host[:n].copy_(top[:n], non_blocking=dev.type == "cuda")
+        event = None
+        if dev.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return Ahead(st, top, host, event)
+
+    def _launch_ahead(self, prev: Ahead) -> Ahead | None:
+        """Step n + 1 behind the launched step n (``prev``), when it can go before n's tokens are read: the same
+        sequences less those that end at step n by their length; None when anything needs the host first
+        (a request waiting, a row that needs more than the argmax, no free block for a new position)."""
+        if self.waiting:
+            return None
+        keep, src, bs, cache = [], [], self.cache.block_size, self.cache
+        for r, at, _, _ in prev.st.wants:
+            if r.finished:
+                continue
+            after = len(r.output) + 1  # its tokens once step n's is in
+            if after >= r.params.max_tokens or r.num_tokens + 1 >= self.max_model_len:
+                continue  # step n's token is its last
+            if not r.argmax_only or after < r.params.min_tokens:
+                return None
+            keep.append(r)
+            src.append(at)
+        if not keep:
+            return None
+        new_blocks = sum(cache.lengths[r.id] >= len(cache.tables[r.id]) * bs for r in keep)
+        if new_blocks > len(cache.free_blocks):
+            return None
+        st = Step({r: 1 for r in keep}, [(r.id, 1) for r in keep], [], list(range(len(keep))), [(r, j, [], True) for j, r in enumerate(keep)])
+        return self._launch(st, None, prev, src)
+
+    def _land(self, a: Ahead) -> list[Request]:
+        """Read back a launched step's tokens and account it (:meth:`complete`)."""
+        if a.event is not None:
+            a.event.synchronize()
+        return self.complete(a.st, a.host[: len(a.st.order)].tolist(), {})
 
     def prepare(self) -> Step | None:
         """Schedule the next batch (None when nothing runs): its tokens, and the logit rows it wants."""
@@ -369,6 +457,8 @@ class LLMEngine:
         stats.steps += 1
         done = []
         for r, at, lp_rows, sample_now in st.wants:
+            if r.finished:  # aborted, or ended by a stop, after this step was launched ahead: its row is dropped
+                continue
             before, r.computed = r.computed, r.computed + st.plan[r]
             if not r.preemptions and before < len(r.prompt):  # a recomputation is not new prompt
                 stats.prompt_tokens += min(r.computed, len(r.prompt)) - before

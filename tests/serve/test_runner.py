@@ -104,3 +104,43 @@ def test_staged_tables_equal_the_tables_written_whole():
         stride = min(-(-max(map(len, tables.values())) // 16) * 16, width)
         want = torch.tensor([t + [scratch] * (stride - len(t)) for t in tables.values()])
         assert torch.equal(device[: len(tables), :stride], want), step
+
+
+def test_lookahead_steps_give_the_sync_steps_tokens(model):
+    """The scheduler's lookahead (LLMEngine.step): graphed decode steps of plain-greedy requests launched one
+    ahead, their tokens gathered on the device from the step before.  The same tokens as stepping in sync, for
+    requests that end by their length (left out of the step ahead), by a stop id seen one step late (the row
+    computed ahead is dropped), by an abort while two steps are in flight, and for a sampled request, which
+    takes the sync path; every block comes back."""
+    m = model("gpt-oss")
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 1900, (n,), generator=g).tolist() for n in (9, 20, 3, 14)]
+
+    def go(lookahead: bool, stop: int | None):
+        eng = LLMEngine(m, num_blocks=BLOCKS, block_size=4, max_num_seqs=MAX_SEQS, lookahead=lookahead)
+        eng.runner = ModelRunner(m, eng.cache, MAX_SEQS, eng.max_model_len, static=True)
+        ahead = []
+        launch = eng._launch_ahead
+        eng._launch_ahead = lambda prev: ahead.append(launch(prev)) or ahead[-1]
+        greedy = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, stop_token_ids=() if stop is None else (stop,))
+                  for n in (12, 5, 9)]  # fmt: skip
+        reqs = [eng.add_request(p, s) for p, s in zip(prompts, greedy)]
+        victim = eng.add_request(prompts[3], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
+        for i in range(40):
+            if i == 6:
+                eng.abort(victim)
+            if i == 8:  # a sampled request arrives: the next step waits for the host, then runs in sync
+                reqs.append(eng.add_request(prompts[0], SamplingParams(max_tokens=4, temperature=0.8, seed=5, ignore_eos=True)))
+            eng.step()
+        eng.run_all()
+        assert victim.finish_reason == "abort" and len(eng.cache.free_blocks) == BLOCKS - 1 and not eng.cache.tables
+        return [(r.output, r.finish_reason) for r in reqs], sum(a is not None for a in ahead)
+
+    sync, n_sync = go(False, None)
+    assert n_sync == 0
+    got, n = go(True, None)
+    assert got == sync and n >= 5, n
+    stop = sync[0][0][3]  # request 0's fourth token as a stop id: it ends while its next step is in flight
+    sync, _ = go(False, stop)
+    got, n = go(True, stop)
+    assert got == sync and sync[0][1] == "stop" and len(sync[0][0]) == 4 and n >= 4

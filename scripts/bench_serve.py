@@ -47,7 +47,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--hbm-gbs", type=float, default=4800.0, help="peak HBM GB/s (H200: 4800)")
     p.add_argument("--no-http", action="store_true")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (the engine's eager decode step)")
-    p.add_argument("--no-lookahead", action="store_true", help="decode steps in sync: each launched after the last one's tokens are read")
+    p.add_argument("--lookahead", action="store_true", help="graphed decode steps launched one ahead of the host (LLMEngine lookahead)")
     p.add_argument("--prefill", default="", help="comma list of single-prompt prefill lengths to time (e.g. 8192,32768)")
     p.add_argument("--profile", action="store_true", help="write a torch profile of one decode step at the first concurrency")
     p.add_argument("--plot", action="store_true", help="write serve.png: output tokens/s and share of the HBM floor against C")
@@ -114,7 +114,7 @@ def new_engine(model, eos, c: int, a):
 
     blocks = c * (-(-(a.prompt_len + a.gen) // 16)) + 9  # + the graphs' scratch block
     eng = LLMEngine(model, blocks, 16, max_num_seqs=c, max_num_batched_tokens=max(8192, a.prompt_len), eos_ids=eos,
-                    enforce_eager=getattr(a, "enforce_eager", False), lookahead=not getattr(a, "no_lookahead", False))
+                    enforce_eager=getattr(a, "enforce_eager", False), lookahead=getattr(a, "lookahead", False))
     eng.runner.capture()
     return eng
 
@@ -293,7 +293,7 @@ def main() -> None:
         log(json.dumps({"prefill_tokens": n, "seconds": round(t, 4), "tok_s": round(n / t)}))
     for c in a.concurrency:
         run_engine(model, text.eos_ids, c, argparse.Namespace(prompt_len=a.prompt_len, gen=4, enforce_eager=a.enforce_eager,
-                                                              no_lookahead=a.no_lookahead), rng)  # warm-up
+                                                              lookahead=a.lookahead), rng)  # warm-up
         prompts, wall, step, ttft, eng = run_engine(model, text.eos_ids, c, a, rng)
         ctx = a.prompt_len + a.gen // 2
         graphed = eng.runner.graphed

@@ -51,11 +51,15 @@ import click
               help="Sharded serving: how MoE layers exchange tokens (all-to-all: each token only to the ranks of its experts).")
 @click.option("--enforce-eager", is_flag=True, default=False,
               help="No CUDA graphs: every decode step runs eagerly (graphs are captured at start-up on a GPU otherwise).")
+@click.option("--lookahead", is_flag=True, default=False,
+              help="Launch graphed decode steps of plain-greedy requests one ahead of the host (experimental: not yet "
+                   "verified or timed on a GPU).")
 def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model_name: str | None, max_model_len: int | None,
           max_num_seqs: int, max_num_batched_tokens: int, block_size: int, kv_cache_gib: float | None, gpu_memory_utilization: float,
           act_quant: bool, backend: str, api_key: str | None, prefix_caching: bool, max_request_bytes: int,
           max_seqs_per_request: int, max_tokens_per_request: int, max_waiting_seqs: int, max_connections: int,
-          header_timeout: float, body_timeout: float, dist_timeout: float, ep_exchange: str, enforce_eager: bool) -> None:
+          header_timeout: float, body_timeout: float, dist_timeout: float, ep_exchange: str, enforce_eager: bool,
+          lookahead: bool) -> None:
     """Serve checkpoint CKPT (a source checkpoint or a `quantkit convert` output) over HTTP.
 
     A `quantkit shard --ep N [--tp T]` output is served expert (and tensor) parallel, one process per
@@ -82,7 +86,8 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
                        max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                        block_size=block_size, kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization,
                        act_quant=act_quant, backend=backend, prefix_caching=prefix_caching, limits=limits,
-                       dist_timeout_s=dist_timeout, ep_exchange=ep_exchange, enforce_eager=enforce_eager)
+                       dist_timeout_s=dist_timeout, ep_exchange=ep_exchange, enforce_eager=enforce_eager,
+                       lookahead=lookahead)
     except (CheckpointError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:

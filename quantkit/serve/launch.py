@@ -28,7 +28,7 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
           max_num_batched_tokens: int = 2048, block_size: int = 16, kv_cache_gib: float | None = None,
           gpu_memory_utilization: float = 0.9, act_quant: bool = True, backend: str = "auto",
           prefix_caching: bool = True, limits=None, dist_timeout_s: float = 300.0,
-          ep_exchange: str = "all-reduce", enforce_eager: bool = False) -> Server | Worker:
+          ep_exchange: str = "all-reduce", enforce_eager: bool = False, lookahead: bool = False) -> Server | Worker:
     """Load the checkpoint and bind the server (not serving yet: ``serve()`` or ``start_background()``).
 
     KV cache: ``kv_cache_gib`` when given; otherwise on CUDA what ``gpu_memory_utilization`` of the
@@ -40,8 +40,9 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
     ``ep_exchange``: how the MoE layers exchange tokens (all-reduce, or all-to-all dispatch and combine).
     On a GPU the DeepGEMM kernels the GEMMs will run are compiled here (``CausalLM.prepare_kernels``: a first
     request of a new size would otherwise wait 4-5 s for nvcc), and on one GPU the decode steps' CUDA graphs
-    captured (``enforce_eager``: none) and every kind of step run once on dummy requests (``LLMEngine.warm_up``:
-    Triton compiles each kernel specialisation at its first launch), before the server binds."""
+    captured (``enforce_eager``: none; ``lookahead``: :meth:`LLMEngine.step`) and every kind of step run once on
+    dummy requests (``LLMEngine.warm_up``: Triton compiles each kernel specialisation at its first launch), before
+    the server binds."""
     from ..engine import parallel
     from ..engine.loader import load
     from . import distributed
@@ -78,7 +79,7 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
 
     def scheduler(cache: KVCache | None = None) -> LLMEngine:
         return LLMEngine(model, blocks, block_size, max_num_seqs, max_num_batched_tokens, max_len, text.eos_ids,
-                         prefix_caching, cache, enforce_eager)
+                         prefix_caching, cache, enforce_eager, lookahead)
 
     engine = scheduler()
     t = time.perf_counter()

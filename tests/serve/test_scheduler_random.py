@@ -37,8 +37,9 @@ def test_any_workload_gives_each_request_its_recomputation(model, case):
 @given(workload)
 def test_any_workload_on_the_graphed_decode_path(model, case):
     """The same workloads with decode steps on the CUDA-graph path's data (static buffers, padded buckets, the
-    scratch block, block tables kept from step to step), run eagerly on the CPU: preemption, prefix-cache hits,
-    aborts and batches that shrink and grow move sequences between rows."""
+    scratch block, block tables kept from step to step), run eagerly on the CPU, and launched ahead where they can
+    be (the scheduler's lookahead): preemption, prefix-cache hits, aborts and batches that shrink and grow move
+    sequences between rows."""
     run_workload(model("qwen3"), case, static=True)
 
 
@@ -48,7 +49,8 @@ def run_workload(m, case, static: bool) -> None:
         return recompute(m, list(prompt), n)
 
     reqs, budget, blocks, caching, max_seqs = case
-    eng = LLMEngine(m, num_blocks=blocks + static, block_size=4, max_num_batched_tokens=budget, max_num_seqs=max_seqs, prefix_caching=caching)
+    eng = LLMEngine(m, num_blocks=blocks + static, block_size=4, max_num_batched_tokens=budget, max_num_seqs=max_seqs, prefix_caching=caching,
+                    lookahead=static)  # fmt: skip
     if static:  # one more block: the graphed path reserves it for the padding rows
         eng.runner = ModelRunner(m, eng.cache, max_seqs, eng.max_model_len, static=True)
     pending = sorted(enumerate(reqs), key=lambda x: x[1][3])

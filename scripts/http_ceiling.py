@@ -1,0 +1,104 @@
+#!/usr/bin/env python
+"""What the serving host can deliver when the model is not the limit: ``quantkit serve``'s HTTP layer, engine
+thread and scheduler over a stub forward, against ``scripts/bench_http.py`` in its own process.
+
+    python scripts/http_ceiling.py --out /tmp/hc [--step-ms 5] [--concurrency 1,8,32,64,128,256] [--gen 128]
+
+The stub: every step sleeps ``--step-ms`` (the GIL released, as a wait for the GPU releases it), allocates its
+KV slots as the graphed decode path does (``KVCache.schedule_decode``; ``schedule`` for prefill chunks) and
+returns token 5 for every row; the rest -- scheduling, bookkeeping, detokenizing, deltas, SSE and JSON,
+asyncio -- is the server's own.  Ideal = C x 1000 / step-ms tokens/s (each step one token per sequence);
+``ideal share`` = HTTP tokens/s / ideal: below 1 by the host's time per step, the load generator's included
+when it shares the cores (run it on a machine with cores to spare for a figure of the server alone).
+Writes OUT/results.jsonl (bench_http's rows) and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def stub_server(ckpt: str, port: int, step_ms: float, max_num_seqs: int) -> None:
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    from quantkit.serve.launch import build
+
+    server = build(ckpt, port=port, device="cpu", dtype="float32", max_num_seqs=max_num_seqs, max_num_batched_tokens=8192)
+    eng = server.engine
+
+    def run(order, tokens, rows):
+        if all(n == 1 for _, n in order):
+            eng.cache.schedule_decode([s for s, _ in order])
+        else:
+            eng.cache.schedule(dict(order))
+        time.sleep(step_ms / 1e3)
+        n = len(rows)
+        return (torch.zeros(n, 8), torch.full((n,), 5, dtype=torch.int64)) if n else (None, None)
+
+    eng.runner.run = run
+    server.serve("warning")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--ckpt", default=None, help="a checkpoint for the tokenizer and config (default: a tiny synthesized GPT-OSS)")
+    p.add_argument("--step-ms", type=float, default=5.0)
+    p.add_argument("--concurrency", default="1,8,32,64,128,256")
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--gen", type=int, default=128)
+    p.add_argument("--port", type=int, default=8031)
+    p.add_argument("--serve", default=None, help=argparse.SUPPRESS)  # internal: run the stub server on this checkpoint
+    a = p.parse_args()
+    cs = [int(c) for c in a.concurrency.split(",")]
+    if a.serve:
+        return stub_server(a.serve, a.port, a.step_ms, max(cs))
+    a.out.mkdir(parents=True, exist_ok=True)
+    ckpt = a.ckpt
+    if ckpt is None:
+        sys.path.insert(0, str(ROOT))
+        from quantkit.synth import synthesize
+
+        ckpt = str(a.out / "gpt-oss-tiny")
+        if not Path(ckpt, "config.json").exists():
+            synthesize("gpt-oss", ckpt, preset="tiny")
+    server = subprocess.Popen([sys.executable, __file__, "--out", str(a.out), "--serve", ckpt, "--port", str(a.port),
+                               "--step-ms", str(a.step_ms), "--concurrency", a.concurrency], stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{a.port}"
+        for _ in range(240):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise SystemExit("the stub server did not come up in 120 s")
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_http.py"), "--url", url, "--out", str(a.out),
+                        "--concurrency", a.concurrency, "--prompt-len", str(a.prompt_len), "--gen", str(a.gen), "--rounds", "1"],
+                       check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    rows = [json.loads(ln) for ln in (a.out / "results.jsonl").read_text().splitlines() if ln.strip()]
+    rows = [r for r in rows if r.get("url", "").endswith(f":{a.port}") and r["gen"] == a.gen][-2 * len(cs):]
+    print(f"stub step {a.step_ms} ms, prompt {a.prompt_len}, {a.gen} tokens per request")
+    print("| C | mode | HTTP tok/s | ideal tok/s | ideal share | ITL p50 ms |\n|---|---|---|---|---|---|")
+    for r in rows:
+        ideal = r["concurrency"] * 1e3 / a.step_ms
+        itl = r.get("itl_p50_ms")
+        print(f"| {r['concurrency']} | {r['mode']} | {r['http_tok_s']:.0f} | {ideal:.0f} | {r['http_tok_s'] / ideal:.2f} | "
+              f"{'-' if itl is None else f'{itl:.1f}'} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -47,17 +47,23 @@ def _table(cos_ptr, sin_ptr, t, j, HALF: tl.constexpr):
 
 
 @triton.jit
+def _rotate_into(src, dst, j, mask, cos_ptr, sin_ptr, t, HALF: tl.constexpr, INTERLEAVED: tl.constexpr, ROUND: tl.constexpr):
+    """Token t's heads at ``src`` rotated into ``dst`` (both [BH, 1] pointers to each head's first element)."""
+    c, s = _table(cos_ptr, sin_ptr, t, j, HALF)
+    lo, hi = _rotate(src, j, mask, c, s, HALF, INTERLEAVED, ROUND)
+    tl.store(dst + j[None, :], lo.to(dst.dtype.element_ty), mask=mask)
+    tl.store(dst + HALF + j[None, :], hi.to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _rope_kernel(x_ptr, cos_ptr, sin_ptr, o_ptr, H, stride_t, stride_h, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
                  BLOCK_D: tl.constexpr, INTERLEAVED: tl.constexpr, ROUND: tl.constexpr):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     j = tl.arange(0, BLOCK_D)
     mask = (h < H)[:, None] & (j < HALF)[None, :]
-    c, s = _table(cos_ptr, sin_ptr, t, j, HALF)
-    lo, hi = _rotate(x_ptr + t * stride_t + h[:, None].to(tl.int64) * stride_h, j, mask, c, s, HALF, INTERLEAVED, ROUND)
-    out = o_ptr + t * H * (2 * HALF) + h[:, None].to(tl.int64) * (2 * HALF) + j[None, :]
-    tl.store(out, lo.to(o_ptr.dtype.element_ty), mask=mask)
-    tl.store(out + HALF, hi.to(o_ptr.dtype.element_ty), mask=mask)
+    _rotate_into(x_ptr + t * stride_t + h[:, None].to(tl.int64) * stride_h, o_ptr + t * H * (2 * HALF) + h[:, None].to(tl.int64) * (2 * HALF),
+                 j, mask, cos_ptr, sin_ptr, t, HALF, INTERLEAVED, ROUND)  # fmt: skip
 
 
 @dispatch.backend("rope_rotate", "triton", available=available, priority=PRIORITY)
@@ -147,21 +153,13 @@ def _rope_cache_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, slot_ptr, qo_ptr, 
     slot = tl.load(slot_ptr + t).to(tl.int64)
     d = 2 * HALF
     if p < NQ:
-        h = p * BLOCK_H + hh
-        mask = (h < HQ)[:, None] & (j < HALF)[None, :]
-        c, s = _table(cos_ptr, sin_ptr, t, j, HALF)
-        lo, hi = _rotate(q_ptr + t * sq_t + h[:, None].to(tl.int64) * sq_h, j, mask, c, s, HALF, INTERLEAVED, ROUND)
-        out = qo_ptr + t * HQ * d + h[:, None].to(tl.int64) * d + j[None, :]
-        tl.store(out, lo.to(qo_ptr.dtype.element_ty), mask=mask)
-        tl.store(out + HALF, hi.to(qo_ptr.dtype.element_ty), mask=mask)
+        h = (p * BLOCK_H + hh)[:, None]
+        _rotate_into(q_ptr + t * sq_t + h.to(tl.int64) * sq_h, qo_ptr + t * HQ * d + h.to(tl.int64) * d, j,
+                     (h < HQ) & (j < HALF)[None, :], cos_ptr, sin_ptr, t, HALF, INTERLEAVED, ROUND)  # fmt: skip
     elif p < NQ + NK:
-        h = (p - NQ) * BLOCK_H + hh
-        mask = (h < HKV)[:, None] & (j < HALF)[None, :]
-        c, s = _table(cos_ptr, sin_ptr, t, j, HALF)
-        lo, hi = _rotate(k_ptr + t * sk_t + h[:, None].to(tl.int64) * sk_h, j, mask, c, s, HALF, INTERLEAVED, ROUND)
-        out = kc_ptr + slot * HKV * d + h[:, None].to(tl.int64) * d + j[None, :]
-        tl.store(out, lo.to(kc_ptr.dtype.element_ty), mask=mask)
-        tl.store(out + HALF, hi.to(kc_ptr.dtype.element_ty), mask=mask)
+        h = ((p - NQ) * BLOCK_H + hh)[:, None]
+        _rotate_into(k_ptr + t * sk_t + h.to(tl.int64) * sk_h, kc_ptr + slot * HKV * d + h.to(tl.int64) * d, j,
+                     (h < HKV) & (j < HALF)[None, :], cos_ptr, sin_ptr, t, HALF, INTERLEAVED, ROUND)  # fmt: skip
     else:
         h = (p - NQ - NK) * BLOCK_H + hh
         mask = (h < HKV)[:, None] & (j < HALF)[None, :]

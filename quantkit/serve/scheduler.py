@@ -343,8 +343,7 @@ class LLMEngine:
         aborted meanwhile had its step n + 1 row computed and dropped (its one token of KV written to its own
         last block, freed with it)."""
         if self.ahead is not None:
-            prev = self.ahead
-            self.ahead = None
+            prev, self.ahead = self.ahead, None  # (None, should the next launch raise)
             self.ahead = self._launch_ahead(prev)
             return self._land(prev)
         st = self.prepare()
@@ -589,6 +588,9 @@ class LLMEngine:
             while any(not r.finished for r in reqs):
                 self.step()
                 steps += 1
+        if self.ahead is not None:  # a step launched ahead for requests that ended meanwhile: read it, drop it
+            self._land(self.ahead)
+            self.ahead = None
         self.stats = EngineStats()
         return steps, time.monotonic() - t0
 

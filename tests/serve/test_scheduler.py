@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from quantkit.engine import prefill_logits
+from quantkit.engine.runner import ModelRunner
 from quantkit.serve.sampling import SamplingParams
 from quantkit.serve.scheduler import LLMEngine, RequestError
 
@@ -198,9 +199,11 @@ def test_min_tokens_hold_back_every_stop(model):
 def test_warm_up_leaves_the_engine_as_new(model, expected, family):
     """``LLMEngine.warm_up`` (a server's start on a GPU): every kind of step runs, then nothing is left behind --
     no request, no block in use, fresh stats -- and later requests generate what they would have."""
-    eng = LLMEngine(model(family), num_blocks=64, block_size=4, max_num_batched_tokens=24)
+    eng = LLMEngine(model(family), num_blocks=64, block_size=4, max_num_batched_tokens=24, lookahead=True)
+    eng.runner = ModelRunner(eng.model, eng.cache, eng.max_num_seqs, eng.max_model_len, static=True)  # steps ahead too
     steps, _ = eng.warm_up()
-    assert steps > 7 and not eng.has_work() and eng.kv_usage == 0 and eng.stats.steps == 0 and not eng.stats.finished
+    assert steps > 7 and not eng.has_work() and eng.ahead is None
+    assert eng.kv_usage == 1 / 64 and eng.stats.steps == 0 and not eng.stats.finished  # one block: the graphs' scratch
     reqs = [eng.add_request(p, GREEDY) for p in PROMPTS]
     eng.run_all()
     assert [r.output for r in reqs] == expected(family) and eng.stats.steps > 0

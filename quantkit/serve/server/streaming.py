@@ -22,14 +22,27 @@ class ClientGone(Exception):
     """The client closed its connection before its response was ready."""
 
 
+def merge(a: Delta, b: Delta) -> Delta:
+    """One delta of a choice's two consecutive ones."""
+    return Delta(a.index, a.text + b.text, a.tokens + b.tokens, a.logprobs + b.logprobs, b.finish_reason, b.stop_reason)
+
+
 async def deltas(reqs: list[Request], sink: Sink) -> AsyncIterator[Delta]:
     """The requests' deltas as the engine posts them, until each has finished; an engine failure raises
-    ProtocolError 500."""
-    left = len(reqs)
+    ProtocolError 500.  Deltas of one choice already queued behind each other are yielded as one: a client
+    whose chunks are written slower than the engine makes tokens gets several tokens a chunk (one render and
+    one write for them), one that keeps up gets every token as it comes."""
+    left, held = len(reqs), None
     while left:
-        d = await sink.queue.get()
+        d, held = (held, None) if held is not None else (await sink.queue.get(), None)
         if isinstance(d, Exception):
             raise ProtocolError(str(d), 500)
+        while d.finish_reason is None and not sink.queue.empty():
+            nxt = sink.queue.get_nowait()
+            if not isinstance(nxt, Delta) or nxt.index != d.index:
+                held = nxt
+                break
+            d = merge(d, nxt)
         left -= d.finish_reason is not None
         yield d
 

@@ -270,7 +270,7 @@ class ModelRunner:
         positions, slots, tables = self.cache.schedule_decode([s for s, _ in order])
         pad = b - n
         pad_slot = self.scratch * self.cache.block_size
-        head = list(ids) + [0] * pad + positions + [0] * pad + slots + [pad_slot] * pad + [p + 1 for p in positions] + [1] * pad
+        head = ids + [0] * pad + positions + [0] * pad + slots + [pad_slot] * pad + [p + 1 for p in positions] + [1] * pad
         if self.copied is not None:
             self.copied.synchronize()  # the last step's copies out of the pinned staging buffers are done
         self.stage_np[: 4 * b] = head

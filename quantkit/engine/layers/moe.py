@@ -75,8 +75,9 @@ def route(logits: torch.Tensor, r: Routing, correction_bias: torch.Tensor | None
 
 class Router(nn.Module):
     """Router logits in float32, then the routing rule.  With ``ops`` (the model's dispatcher) the two top-k rules
-    run as one ``router_topk`` op (quantkit/kernels/step_ref.py) for up to ROUTER_OP_TOKENS tokens, which reads the weight as the checkpoint stored
-    it (``weight_src``: bf16 upcasts exactly, so the logits are the same float32 products) where it is 16-bit."""
+    run as one ``router_topk`` op (quantkit/kernels/step_ref.py) for up to ROUTER_OP_TOKENS tokens; it reads the
+    weight as the checkpoint stored it where that is 16-bit (``weight_src``: bf16 upcasts exactly, so the float32
+    products are the same)."""
 
     def __init__(self, weight: torch.Tensor, routing: Routing, bias: torch.Tensor | None = None, correction_bias: torch.Tensor | None = None) -> None:
         super().__init__()

@@ -127,7 +127,8 @@ def engine_figures(path: Path | None, a) -> dict[int, float]:
     if path is None:
         return {}
     rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-    return {r["concurrency"]: r["engine_tok_s"] for r in rows if r["prompt_len"] == a.prompt_len and r["gen"] == a.gen}
+    # the engine in its default mode (steps in sync), as `quantkit serve` runs it without --lookahead
+    return {r["concurrency"]: r["engine_tok_s"] for r in rows if r["prompt_len"] == a.prompt_len and r["gen"] == a.gen and not r.get("lookahead")}
 
 
 def plot(rows: list[dict], engine: dict[int, float], out: Path) -> None:

@@ -305,7 +305,8 @@ def main() -> None:
                 log(f"profile of C = {c} failed: {type(e).__name__}: {e}")
         floor = step_bytes(model, c, ctx) / (a.hbm_gbs * 1e9)
         rep = eng.runner.report
-        row = {"concurrency": c, "prompt_len": a.prompt_len, "gen": a.gen, "graphs": graphed, "engine_tok_s": c * a.gen / wall,
+        row = {"concurrency": c, "prompt_len": a.prompt_len, "gen": a.gen, "graphs": graphed, "lookahead": a.lookahead and graphed,
+               "engine_tok_s": c * a.gen / wall,
                "decode_step_ms": step * 1e3, "raw_step_ms": raw * 1e3, "engine_over_raw": step / raw,
                "hbm_floor_ms": floor * 1e3, "hbm_share": floor / step, "ttft_ms": ttft * 1e3,
                "capture_s": rep.seconds if graphed else 0.0, "graph_mib": rep.bytes / 2**20 if graphed else 0.0}
@@ -327,7 +328,7 @@ def main() -> None:
     with open(a.out / "results.jsonl", "a") as f:
         for r in rows:
             f.write(json.dumps({"model": ckpt.name, "device": a.device, **r}) + "\n")
-    mode = "CUDA graphs" if rows and rows[0]["graphs"] else "eager"
+    mode = ("CUDA graphs" + (", lookahead" if rows[0]["lookahead"] else "")) if rows and rows[0]["graphs"] else "eager"
     log(f"\n{ckpt.name}, prompt {a.prompt_len}, {a.gen} generated tokens per request, greedy, bf16 activations, {mode}")
     log("| C | engine tok/s | http tok/s | decode step ms | raw forward ms | engine/raw | HBM floor ms | % of HBM | TTFT ms | capture s | graphs MiB |")
     log("|---|---|---|---|---|---|---|---|---|---|---|")

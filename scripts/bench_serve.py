@@ -119,11 +119,12 @@ def new_engine(model, eos, c: int, a):
     return eng
 
 
-def run_engine(model, eos, c: int, a, rng):
+def run_engine(model, eos, c: int, a, rng, warm_up: bool = False):
     from quantkit.serve.sampling import SamplingParams
 
     eng = new_engine(model, eos, c, a)
-    eng.warm_up()  # as `quantkit serve` does at start: no timed step waits for a kernel to compile
+    if warm_up:  # as `quantkit serve` does at start: no timed step waits for a kernel to compile
+        eng.warm_up()
     vocab = model.embed_tokens.shape[0]
     prompts = [[rng.randrange(vocab) for _ in range(a.prompt_len)] for _ in range(c)]
     params = SamplingParams(max_tokens=a.gen, temperature=0, ignore_eos=True)
@@ -293,7 +294,7 @@ def main() -> None:
         log(json.dumps({"prefill_tokens": n, "seconds": round(t, 4), "tok_s": round(n / t)}))
     for c in a.concurrency:
         run_engine(model, text.eos_ids, c, argparse.Namespace(prompt_len=a.prompt_len, gen=4, enforce_eager=a.enforce_eager,
-                                                              lookahead=a.lookahead), rng)  # warm-up
+                                                              lookahead=a.lookahead), rng, warm_up=True)  # warm-up
         prompts, wall, step, ttft, eng = run_engine(model, text.eos_ids, c, a, rng)
         ctx = a.prompt_len + a.gen // 2
         graphed = eng.runner.graphed

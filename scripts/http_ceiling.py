@@ -4,10 +4,10 @@ thread and scheduler over a stub forward, against ``scripts/bench_http.py`` in i
 
     python scripts/http_ceiling.py --out /tmp/hc [--step-ms 5] [--concurrency 1,8,32,64,128,256] [--gen 128]
 
-The stub: every step sleeps ``--step-ms`` (the GIL released, as a wait for the GPU releases it), allocates its
-KV slots as the graphed decode path does (``KVCache.schedule_decode``; ``schedule`` for prefill chunks) and
-returns token 5 for every row; the rest -- scheduling, bookkeeping, detokenizing, deltas, SSE and JSON,
-asyncio -- is the server's own.  Ideal = C x 1000 / step-ms tokens/s (each step one token per sequence);
+The stub: ``scripts/host_overhead.py``'s ``HostOnlyRunner`` (the graphed decode path's host side as it is, its
+forward returning fixed ordinary tokens), each forward sleeping ``--step-ms`` (the GIL released, as a wait for
+the GPU releases it); the rest -- scheduling, bookkeeping, detokenizing, deltas, SSE and JSON, asyncio -- is the
+server's own.  Ideal = C x 1000 / step-ms tokens/s (each step one token per sequence);
 ``ideal share`` = HTTP tokens/s / ideal: below 1 by the host's time per step, the load generator's included
 when it shares the cores (run it on a machine with cores to spare for a figure of the server alone).
 Writes OUT/results.jsonl (bench_http's rows) and prints a table last.
@@ -27,24 +27,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def stub_server(ckpt: str, port: int, step_ms: float, max_num_seqs: int) -> None:
-    sys.path.insert(0, str(ROOT))
-    import torch
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from host_overhead import HostOnlyRunner  # the engine's own decode path, its forward stubbed
 
     from quantkit.serve.launch import build
 
+    class SleepingRunner(HostOnlyRunner):
+        def _forward(self, b: int) -> dict:
+            time.sleep(step_ms / 1e3)  # the GIL released, as a wait for the GPU releases it
+            return super()._forward(b)
+
     server = build(ckpt, port=port, device="cpu", dtype="float32", max_num_seqs=max_num_seqs, max_num_batched_tokens=8192)
     eng = server.engine
-
-    def run(order, tokens, rows):
-        if all(n == 1 for _, n in order):
-            eng.cache.schedule_decode([s for s, _ in order])
-        else:
-            eng.cache.schedule(dict(order))
-        time.sleep(step_ms / 1e3)
-        n = len(rows)
-        return (torch.zeros(n, 8), torch.full((n,), 5, dtype=torch.int64)) if n else (None, None)
-
-    eng.runner.run = run
+    eng.runner = SleepingRunner(eng.model, eng.cache, max_num_seqs, eng.max_model_len, server.text.tok.get_vocab_size(with_added_tokens=False))
+    eng.runner.capture()
     server.serve("warning")
 
 

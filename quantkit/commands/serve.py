@@ -95,7 +95,7 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
     import signal
 
     from ..serve.launch import Worker
-    from ..serve.scheduler import EngineBroken
+    from ..serve.request import EngineBroken
 
     def interrupt(signum, frame):  # SIGTERM (torchrun, service managers) stops as Ctrl-C does
         raise KeyboardInterrupt

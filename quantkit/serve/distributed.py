@@ -22,7 +22,7 @@ import torch.distributed as dist
 from ..checkpoint import MANIFEST, CheckpointError
 from ..engine.parallel import VocabParallelHead
 from ..engine.runner import forward_step
-from .scheduler import to_host
+from .request import to_host
 
 
 def sharded_root(path: str | Path) -> dict | None:

@@ -33,7 +33,8 @@ import torch.distributed as dist
 
 from ..engine.runner import forward_step
 from .sampling import SamplingParams
-from .scheduler import EngineBroken, EngineStats, LLMEngine, Request, RequestError, Step, to_host
+from .request import EngineBroken, EngineStats, Request, RequestError, Step, to_host
+from .scheduler import LLMEngine
 from .text import Detokenizer
 
 EMPTY = torch.zeros(0, dtype=torch.int64)

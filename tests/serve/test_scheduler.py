@@ -14,7 +14,8 @@ import torch
 from quantkit.engine import prefill_logits
 from quantkit.engine.runner import ModelRunner
 from quantkit.serve.sampling import SamplingParams
-from quantkit.serve.scheduler import LLMEngine, RequestError
+from quantkit.serve.request import RequestError
+from quantkit.serve.scheduler import LLMEngine
 
 PROMPTS = [[5, 17, 301, 44, 9, 1200, 77, 3, 18, 250, 61, 14, 900], [40, 41, 42, 43, 44, 45], [7]]
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)

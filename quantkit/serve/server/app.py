@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from .. import openai_io as io
 from .. import protocol as proto
-from ..scheduler import RequestError
+from ..request import RequestError
 from .engine_loop import Busy, Sink
 from .streaming import ClientGone, collect, sse
 

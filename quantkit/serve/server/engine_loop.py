@@ -23,7 +23,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..sampling import SamplingParams, TokenLogprobs
-from ..scheduler import EngineBroken, LLMEngine, Request, RequestError
+from ..request import EngineBroken, Request, RequestError
+from ..scheduler import LLMEngine
 
 
 @dataclass

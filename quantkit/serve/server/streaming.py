@@ -14,7 +14,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 
 from ..protocol import ProtocolError
-from ..scheduler import Request
+from ..request import Request
 from .engine_loop import Delta, EngineLoop, Sink
 
 

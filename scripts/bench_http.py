@@ -38,6 +38,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2, help="requests per client at each concurrency")
     p.add_argument("--vocab", type=int, default=1000, help="prompt ids are drawn from [100, 100 + vocab)")
     p.add_argument("--engine-results", type=Path, default=None)
+    p.add_argument("--lookahead", action="store_true", help="the server runs --lookahead: compare with the engine's lookahead rows")
     a = p.parse_args()
     a.concurrency = [int(c) for c in a.concurrency.split(",")]
     u = urlparse(a.url)
@@ -127,8 +128,9 @@ def engine_figures(path: Path | None, a) -> dict[int, float]:
     if path is None:
         return {}
     rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-    # the engine in its default mode (steps in sync), as `quantkit serve` runs it without --lookahead
-    return {r["concurrency"]: r["engine_tok_s"] for r in rows if r["prompt_len"] == a.prompt_len and r["gen"] == a.gen and not r.get("lookahead")}
+    # the engine in the server's mode: steps in sync, or launched ahead (`quantkit serve --lookahead`)
+    return {r["concurrency"]: r["engine_tok_s"] for r in rows
+            if r["prompt_len"] == a.prompt_len and r["gen"] == a.gen and bool(r.get("lookahead")) == a.lookahead}
 
 
 def plot(rows: list[dict], engine: dict[int, float], out: Path) -> None:

@@ -107,7 +107,7 @@ class Shapes:
 
 def prefill_reference(torch, q, k, v, lens, sinks, window, scale):
     """float32 reference on the first and last 32 queries of each sequence: (out rows [n, Hq, D], their row indices)."""
-    from quantkit.kernels.attention import attend
+    from quantkit.kernels.attention.attention_ref import attend
 
     outs, rows, start = [], [], 0
     for n in lens:
@@ -145,7 +145,7 @@ def sdpa_prefill(torch, q, k, v, lens, window, scale):
 
 def bench_prefill(b: Bench, sh: Shapes, fi, fi_backends: list[str]) -> None:
     torch = b.torch
-    from quantkit.kernels import attention_triton as tri
+    from quantkit.kernels.attention import prefill as tri
 
     g, scale, bf16, peak = torch.Generator().manual_seed(0), sh.d**-0.5, torch.bfloat16, b.peaks[1]
     for name, lens in sh.prefill.items():
@@ -197,7 +197,7 @@ def decode_inputs(torch, dev, sh: Shapes, b: int, ctx: int):
 
 def decode_check(torch, q, kc, vc, bt, ctx, sinks, window, scale):
     """float32 reference for the first and last sequence; the check compares those rows."""
-    from quantkit.kernels.attention import attend, paged_rows
+    from quantkit.kernels.attention.attention_ref import attend, paged_rows
 
     sel = sorted({0, q.shape[0] - 1})
     want = []
@@ -213,7 +213,7 @@ def bench_decode(b: Bench, sh: Shapes, fi, fi_backends: list[str]) -> None:
     torch = b.torch
     import torch.nn.functional as F
 
-    from quantkit.kernels import attention_triton_decode as tri
+    from quantkit.kernels.attention import decode as tri
 
     scale = sh.d**-0.5
     cases = [(n, c, None) for n in sh.batch for c in sh.ctx] + [(sh.batch[0], sh.ctx[-1], sh.window), (sh.batch[-1], sh.ctx[-1], sh.window)]
@@ -252,8 +252,8 @@ def bench_sweep(b: Bench, sh: Shapes, parts: list[str]) -> None:
     """Triton launch configurations: decode (block_n, warps, stages) first (quicker to compile),
     then prefill (block_m, block_n, warps, stages), until the budget runs out."""
     torch = b.torch
-    from quantkit.kernels import attention_triton as tri
-    from quantkit.kernels import attention_triton_decode as trid
+    from quantkit.kernels.attention import prefill as tri
+    from quantkit.kernels.attention import decode as trid
 
     scale = sh.d**-0.5
     for n, ctx in ((sh.batch[0], sh.ctx[-1]), (sh.batch[-1], sh.ctx[1])) if "decode" in parts else ():

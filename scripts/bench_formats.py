@@ -228,7 +228,7 @@ def run_case(b: Bench, case: Case, shape: tuple[int, ...], sweep: bool) -> Row:
 
 
 def tuning(op: str) -> tuple[dict, ...]:
-    from quantkit.kernels import fp8_block_quant, group_quant, mxfp4_decode
+    from quantkit.kernels.quant import fp8_block_quant, group_quant, mxfp4_decode
 
     return {
         "mxfp4_decode": mxfp4_decode.TUNING,

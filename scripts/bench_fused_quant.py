@@ -92,7 +92,7 @@ def unfused_fn(torch, case: Case, args: tuple):
 
     from quantkit.engine.layers.norm import RMSNorm
     from quantkit.kernels import dispatch
-    from quantkit.kernels.fused_moe_ref import MoeSpec, activation
+    from quantkit.kernels.moe.fused_moe_ref import MoeSpec, activation
 
     fmt, scale_fmt, rule = case.fmt
 
@@ -137,7 +137,8 @@ def exact(torch, ref: tuple, out: tuple) -> str:
 
 
 def run_case(torch, device, case: Case, m: int, k: int, args_ns, hbm: float) -> Row:
-    from quantkit.kernels import dispatch, fused_act_quant
+    from quantkit.kernels import dispatch
+    from quantkit.kernels.quant import fused_act_quant
 
     cuda = device.type == "cuda"
     args = make_args(torch, case, m, k, device)

@@ -60,7 +60,7 @@ def gemm_weights(b: Bench, n: int, k: int) -> dict:
     from power-of-two fp8-block), its 128x128 requantization, bf16, and cuBLAS's layout."""
     torch = b.torch
     from quantkit.formats import exact, fp8_block
-    from quantkit.kernels import deepgemm, gemm_mxfp8, scaled_mm
+    from quantkit.kernels.gemm import deepgemm, mxfp8 as gemm_mxfp8, scaled_mm
 
     w = torch.randn(n, k, device=b.device) * 0.02
     q, sw = fp8_block.quantize_weight(w)
@@ -77,7 +77,7 @@ def gemm_acts(b: Bench, m: int, n: int, k: int, wt: dict) -> dict:
     """Activations [M, K] in both formats and the float32 references of both functions."""
     torch = b.torch
     from quantkit.formats import fp8_block, mxfp8
-    from quantkit.kernels import scaled_mm
+    from quantkit.kernels.gemm import scaled_mm
 
     x = torch.randn(m, k, device=b.device)
     a, sa = fp8_block.quantize_act(x)
@@ -91,7 +91,7 @@ def cublas_probe(b: Bench) -> None:
     """Which M cuBLASLt's block-scaled FP8 GEMM accepts unpadded (the first run saw M = 1 refused)."""
     torch = b.torch
     from quantkit.formats import fp8_block
-    from quantkit.kernels import scaled_mm as sm
+    from quantkit.kernels.gemm import scaled_mm as sm
 
     q, sw = fp8_block.quantize_weight(torch.randn(256, 512, device=b.device) * 0.02)
     cw = sm.prepare_weight(q, sw)
@@ -117,9 +117,10 @@ def gemm_one(b: Bench, case: str, m: int, n: int, k: int, wt: dict) -> None:
     """Main pass at one (shape, M): baselines, the Triton op's table, by-shape, the MXFP8 paths."""
     torch = b.torch
     from quantkit.formats import fp8_block
-    from quantkit.kernels import dispatch, scaled_mm
-    from quantkit.kernels import gemm_fp8_block as g8
-    from quantkit.kernels import gemm_mxfp8 as gmx
+    from quantkit.kernels import dispatch
+    from quantkit.kernels.gemm import scaled_mm
+    from quantkit.kernels.gemm import fp8_block as g8
+    from quantkit.kernels.gemm import mxfp8 as gmx
 
     x = gemm_acts(b, m, n, k, wt)
     a, sa, am, sam = x["a"], x["sa"], x["am"], x["sam"]
@@ -136,7 +137,7 @@ def gemm_one(b: Bench, case: str, m: int, n: int, k: int, wt: dict) -> None:
         b.measure(fam, case, mnk, "by-shape", lambda: dispatch.call("gemm_fp8_block", a, sa_mn, wt["q"], wt["sw"], backend="by-shape"),
                   flops, b8, fp8_peak, c8, scaled_mm.by_shape_choice(m, n, k, b.device) + ", scales MN-major", host=True)  # fmt: skip
     if wt["dw"] is not None:
-        from quantkit.kernels import deepgemm
+        from quantkit.kernels.gemm import deepgemm
 
         ad, sad = deepgemm.prepare_act(a, sa)
         note = deepgemm.launch_config(m, n, k, b.device).name()  # the config gemm_prepared picks, as by-shape's launches do
@@ -154,8 +155,8 @@ def gemm_one(b: Bench, case: str, m: int, n: int, k: int, wt: dict) -> None:
 
 def gemm_configs(b: Bench, case: str, m: int, n: int, k: int, wt: dict, cands: list[tuple[str, object]], label: str) -> None:
     """Time candidate (path, config) launches at one (shape, M), graph timing only, each checked."""
-    from quantkit.kernels import gemm_fp8_block as g8
-    from quantkit.kernels import gemm_mxfp8 as gmx
+    from quantkit.kernels.gemm import fp8_block as g8
+    from quantkit.kernels.gemm import mxfp8 as gmx
 
     x = gemm_acts(b, m, n, k, wt)
     run = {
@@ -176,8 +177,8 @@ def gemm_bias_check(b: Bench, case: str, n: int, k: int, wt: dict) -> None:
     """The epilogue bias, once per shape, at M = 1 (small-M kernel, split-K) and M = 200 (tiles)."""
     torch = b.torch
     from quantkit.formats import fp8_block
-    from quantkit.kernels import gemm_fp8_block as g8
-    from quantkit.kernels import scaled_mm
+    from quantkit.kernels.gemm import fp8_block as g8
+    from quantkit.kernels.gemm import scaled_mm
 
     bias = torch.randn(n, device=b.device).to(torch.bfloat16)
     for m in (1, 200):
@@ -217,7 +218,7 @@ def _sweep_plan(args: argparse.Namespace, shapes: list, ms: list[int], cuda: boo
 
 def deepgemm_prebuild(b: Bench, shapes: list, ms: list[int]) -> None:
     """Compile every DeepGEMM kernel the main pass will time, 16 at a time (about 4 s each)."""
-    from quantkit.kernels import deepgemm
+    from quantkit.kernels.gemm import deepgemm
 
     av = deepgemm.available(b.device)
     if not av.ok:
@@ -235,7 +236,7 @@ def deepgemm_prebuild(b: Bench, shapes: list, ms: list[int]) -> None:
 
 
 def bench_gemm(b: Bench, args: argparse.Namespace, checkpoint: Callable[[], object]) -> None:
-    from quantkit.kernels import scaled_mm
+    from quantkit.kernels.gemm import scaled_mm
 
     shapes, ms = _shapes(args, b.cuda)
     b.notes += [

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 def skinny_candidates(m: int) -> list:
     """Small-M (decode) launches: tile height, programs per SM, pipeline depth, tensor vs CUDA cores."""
-    from quantkit.kernels.gemm_block_scaled import Config
-    from quantkit.kernels.gemm_skinny import SkinnyConfig as S
+    from quantkit.kernels.gemm.block_scaled import Config
+    from quantkit.kernels.gemm.skinny import SkinnyConfig as S
 
     c = [S(64), S(64, waves=2), S(64, waves=8, min_kb=1), S(64, split_k=1), S(32), S(128), S(128, num_warps=8),
          S(64, num_stages=2), S(64, num_stages=6), S(32, waves=8, num_stages=6),
@@ -22,8 +22,8 @@ def skinny_candidates(m: int) -> list:
 
 def tiled_candidates(m: int) -> list:
     """Large-M launches (vLLM / Triton tutorial space): 64x128 or 128x128, stages, TMA, group size."""
-    from quantkit.kernels.gemm_block_scaled import Config as C
-    from quantkit.kernels.gemm_skinny import SkinnyConfig
+    from quantkit.kernels.gemm.block_scaled import Config as C
+    from quantkit.kernels.gemm.skinny import SkinnyConfig
 
     c = [C(64, 128, num_stages=4), C(64, 128, num_stages=3), C(64, 128, tma=True, num_stages=3), C(64, 128, tma=True, num_stages=4),
          C(64, 128, tma=True, num_stages=5), C(128, 128, tma=True, num_warps=8, num_stages=3), C(128, 128, tma=True, num_warps=8, num_stages=4),
@@ -36,15 +36,15 @@ def tiled_candidates(m: int) -> list:
 
 def persistent_candidates(m: int) -> list:
     """Persistent programs (tl.range flatten): compiled last, a new loop structure for this kernel."""
-    from quantkit.kernels.gemm_block_scaled import Config as C
+    from quantkit.kernels.gemm.block_scaled import Config as C
 
     return [C(64, 128, tma=True, persistent=2, num_stages=3), C(128, 128, tma=True, persistent=1, num_warps=8, num_stages=3)]
 
 
 def mx_candidates(m: int) -> list[tuple[str, object]]:
     """(path, config) for the MXFP8 sweep: emulated MX and the 128x128 weight."""
-    from quantkit.kernels.gemm_block_scaled import Config as C
-    from quantkit.kernels.gemm_skinny import SkinnyConfig as S
+    from quantkit.kernels.gemm.block_scaled import Config as C
+    from quantkit.kernels.gemm.skinny import SkinnyConfig as S
 
     if m <= 64:
         return [(p, c) for p in ("mx", "w128") for c in (S(64), S(64, upcast=True), S(64, waves=1, upcast=True), S(128, num_warps=8, waves=2, upcast=True),

@@ -12,7 +12,7 @@ memory are skipped and listed), every backend of ``mla_decode`` is first checked
 float32 torch reference on the first and last sequence (|err| <= 1e-2 |ref| + 1e-2 max|ref|, plus
 one bf16 ulp), then timed:
 
-* Triton (:mod:`quantkit.kernels.mla_triton`, default launch configuration);
+* Triton (:mod:`quantkit.kernels.mla.decode`, default launch configuration);
 * FlashInfer's ``BatchMLAPagedAttentionWrapper`` (planned once, ``run`` timed), when
   ``import flashinfer`` works, for each of ``--fi-backends``.
 
@@ -101,7 +101,7 @@ def fits(torch, dev, sh: Shapes, n: int, ctx: int) -> bool:
 def checker(args, scale: float) -> Callable[[object], str]:
     """float32 reference (the op's torch backend on float32 queries; it converts one context at a
     time) for the first and last sequence; the check compares those rows."""
-    from quantkit.kernels.mla import mla_decode
+    from quantkit.kernels.mla.mla_ref import mla_decode
 
     q_lat, q_rot, kv, k_rot, bt, lens = args
     sel = sorted({0, q_lat.shape[0] - 1})
@@ -124,7 +124,7 @@ def flashinfer_run(b: Bench, sh: Shapes, fi, backend: str, args) -> Callable[[],
 
 
 def bench_case(b: Bench, sh: Shapes, n: int, ctx: int, fi, fi_backends: list[str]) -> None:
-    from quantkit.kernels import mla_triton as tri
+    from quantkit.kernels.mla import decode as tri
 
     args = inputs(b.torch, b.device, sh, n, ctx)
     check = checker(args, sh.scale)
@@ -144,7 +144,7 @@ def bench_decode(b: Bench, sh: Shapes, fi, fi_backends: list[str]) -> None:
 
 def sweep_point(b: Bench, sh: Shapes, n: int, ctx: int) -> bool:
     """Every SWEEP configuration at one point; False when the budget ran out."""
-    from quantkit.kernels import mla_triton as tri
+    from quantkit.kernels.mla import decode as tri
 
     args = inputs(b.torch, b.device, sh, n, ctx)
     check = checker(args, sh.scale)

@@ -80,7 +80,7 @@ SWEEP = (  # (T, configs: (block_m, block_n1, block_n2, warps, stages, fuse_quan
 def build_experts(torch, qfmt: str, e: int, n: int, k: int, bias: bool, dev, gen=None):
     """Random E4M3 [E, N, K] (|w| ~ 0.02 after scaling) + scales (+ bf16 bias), and bf16 [E, N, K] dequantized;
     drawn from ``gen`` (a torch.Generator on ``dev``; None: the global RNG)."""
-    from quantkit.kernels.fused_moe_ref import ExpertWeights
+    from quantkit.kernels.moe.fused_moe_ref import ExpertWeights
 
     q = torch.empty((e, n, k), dtype=torch.float8_e4m3fn, device=dev)
     for i in range(e):  # one expert at a time: bounded temporaries
@@ -119,7 +119,7 @@ def model_experts(torch, qfmt: str, m: Model, dev) -> Experts:
     """The experts and token stream every MoE script uses: weights from a generator seeded
     :data:`WEIGHT_SEED` (every run of a device checks and times the same experts), then a generator
     seeded 0 for the correction bias (grouped-sigmoid routing) and the batches."""
-    from quantkit.kernels.fused_moe_ref import MoeSpec
+    from quantkit.kernels.moe.fused_moe_ref import MoeSpec
 
     gpt = m.activation == "gpt-oss"
     wgen = torch.Generator(device=dev).manual_seed(WEIGHT_SEED)
@@ -132,7 +132,7 @@ def model_experts(torch, qfmt: str, m: Model, dev) -> Experts:
 
 def tokens(torch, ex: Experts, t: int, dev):
     """The next batch: x bf16 [T, H] and its routing (weights [T, k], ids [T, k]) by the model's rule."""
-    from quantkit.kernels.moe_routing import route
+    from quantkit.kernels.moe.routing import route
 
     m = ex.m
     x = torch.randn(t, m.h, device=dev, generator=ex.gen).to(torch.bfloat16)
@@ -142,7 +142,7 @@ def tokens(torch, ex: Experts, t: int, dev):
 
 def loop_baseline(torch, x, wts, ids, d13, d2, b13, b2, spec):
     """Per-expert loop of bf16 matmuls (transformers-style; host sync per expert)."""
-    from quantkit.kernels.fused_moe_ref import activation
+    from quantkit.kernels.moe.fused_moe_ref import activation
 
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     inter = d2.shape[2]
@@ -196,8 +196,8 @@ def hit_bytes(torch, ids, w13, w2) -> float:
 def bench_model(b: Bench, m: Model, qfmt: str, ts: tuple, check_ts: tuple, sweep: tuple):
     """Check and time one (model, format); returns the config sweep to run later (or None)."""
     torch = b.torch
-    from quantkit.kernels.fused_moe import MoeConfig, fused_moe
-    from quantkit.kernels.fused_moe_ref import fused_moe_ref
+    from quantkit.kernels.moe.fused_moe import MoeConfig, fused_moe
+    from quantkit.kernels.moe.fused_moe_ref import fused_moe_ref
 
     dev = b.device
     ex = model_experts(torch, qfmt, m, dev)
@@ -245,9 +245,9 @@ def deepgemm_gemms(b: Bench, ex: Experts, case: str, mnk: tuple, x, ids, flops: 
     activation, quantization of the intermediate or combine, so a lower bound for a MoE built on it."""
     torch = b.torch
     from quantkit.formats import fp8_block
-    from quantkit.kernels import deepgemm
-    from quantkit.kernels.moe_routing import align_torch
-    from quantkit.kernels.scaled_mm import gemm_fp8_block_ref
+    from quantkit.kernels.gemm import deepgemm
+    from quantkit.kernels.moe.routing import align_torch
+    from quantkit.kernels.gemm.scaled_mm import gemm_fp8_block_ref
 
     if not deepgemm.available(b.device).ok:
         return

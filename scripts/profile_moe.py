@@ -60,7 +60,7 @@ def dense_us(torch, flush, n: int, k: int, t: int) -> float:
 
 
 def profile_model(torch, name: str, token_counts: list[int], flush) -> None:
-    from quantkit.kernels.fused_moe import fused_moe, pick_moe_config
+    from quantkit.kernels.moe.fused_moe import fused_moe, pick_moe_config
 
     m, dev = MODELS[name], torch.device("cuda")
     ex = model_experts(torch, "fp8-block", m, dev)

@@ -81,7 +81,7 @@ def main() -> None:
     args = p.parse_args()
     import torch
 
-    from quantkit.kernels import attention_triton_decode as trid
+    from quantkit.kernels.attention import decode as trid
 
     args.out.mkdir(parents=True, exist_ok=True)
     deadline, rows, default = time.time() + args.budget_s, [], trid.DecodeConfig().name()

@@ -43,8 +43,8 @@ def main() -> None:
     p.add_argument("--tokens", nargs="+", type=int, default=[1, 8, 32, 64, 128, 256])
     args = p.parse_args()
     torch, device = start_device(args)
-    from quantkit.kernels.fused_moe import MoeConfig, fused_moe, pick_moe_config
-    from quantkit.kernels.fused_moe_ref import fused_moe_ref
+    from quantkit.kernels.moe.fused_moe import MoeConfig, fused_moe, pick_moe_config
+    from quantkit.kernels.moe.fused_moe_ref import fused_moe_ref
 
     gpu, peaks, versions = environment(torch, device)
     b = Bench(torch, device, gpu, peaks, args.out, args.warmup_ms, args.rep_ms, time.monotonic() + args.budget_s)

@@ -59,7 +59,7 @@ def sweep_one(fmt: str, m, t: int, peak: float, out_of_time, sorted_only: bool =
     import triton
     from bench_moe import model_experts, tokens
 
-    from quantkit.kernels.fused_moe import PREFILL_TILED, MoeConfig, fused_moe, pick_moe_config
+    from quantkit.kernels.moe.fused_moe import PREFILL_TILED, MoeConfig, fused_moe, pick_moe_config
 
     dev = torch.device("cuda")
     ex = model_experts(torch, fmt, m, dev)

@@ -134,7 +134,7 @@ class CausalLM(nn.Module):
         otherwise the first batch of each size range waits about 4-5 s per kernel for nvcc).  Nothing where
         the dispatcher does not choose by-shape for ``gemm_fp8_block`` or DeepGEMM is not available.  The
         failed builds' messages (by-shape runs Triton for those)."""
-        from ..kernels import deepgemm, scaled_mm
+        from ..kernels.gemm import deepgemm, scaled_mm
 
         ops = getattr(self, "ops", None)  # set by the loader
         if self.device.type != "cuda" or ops is None or ops.which("gemm_fp8_block", self.device) != "by-shape":

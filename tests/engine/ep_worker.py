@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from quantkit.engine.ep_exchange import AllToAll
 from quantkit.formats import fp8_block
-from quantkit.kernels.fused_moe_ref import ExpertWeights, MoeSpec, fused_moe_ref
+from quantkit.kernels.moe.fused_moe_ref import ExpertWeights, MoeSpec, fused_moe_ref
 
 E, K, H = 16, 4, 8
 QH, QI = 128, 128  # the fp8-block experts' hidden and intermediate sizes

@@ -27,8 +27,8 @@ from quantkit.engine import qlinear
 from quantkit.engine.layers import attention, mla, moe
 from quantkit.engine.qlinear import ActQuant, Fp8Block
 from quantkit.formats import fp8_block, mxfp8
-from quantkit.kernels import moe_routing
-from quantkit.kernels.attention import attend
+from quantkit.kernels.moe import routing as moe_routing
+from quantkit.kernels.attention.attention_ref import attend
 
 from .tiny import requantize
 from .triton_forward import run

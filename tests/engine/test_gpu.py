@@ -126,7 +126,7 @@ def test_torch_backend_override_on_cuda(tiny, tmp_path: Path) -> None:
 def test_prepare_kernels_builds_what_the_forward_runs(tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The warm-up compiles every DeepGEMM kernel by-shape will use: a forward at each of its M ranges then
     compiles nothing more."""
-    from quantkit.kernels import deepgemm
+    from quantkit.kernels.gemm import deepgemm
 
     if not deepgemm.available(torch.device("cuda")).ok:
         pytest.skip("DeepGEMM is not available (headers, nvcc)")

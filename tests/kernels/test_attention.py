@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from quantkit.kernels import attention as ref_ops
+from quantkit.kernels.attention import attention_ref as ref_ops
 from quantkit.kernels import dispatch
 
 HAS_CUDA = torch.cuda.is_available()
@@ -157,7 +157,7 @@ def test_dispatch_on_cpu_runs_the_reference_and_flashinfer_says_why_not():
 
 def test_flashinfer_page_lists_from_engine_block_tables():
     """FlashInfer's (indptr, indices, last_page_len) from the engine's -1 padded tables (pure torch, no flashinfer needed)."""
-    from quantkit.kernels.attention_flashinfer import pages
+    from quantkit.kernels.attention.flashinfer import pages
 
     bt = torch.tensor([[7, 2, -1], [4, -1, -1], [0, 5, 6]])
     indptr, indices, last = pages(bt, torch.tensor([17, 16, 33], dtype=torch.int32), 16)
@@ -207,7 +207,7 @@ def test_triton_prefill_many_key_blocks(triton_device, window):
     runs, with every loop bound on a block edge somewhere: the 14-key prefix puts a tile's first
     query two keys before one, 65 keys put the last query on one, window 18 starts row 32's window
     one key before one and window 47 starts row 63's one key after one (leaving unmasked blocks)."""
-    from quantkit.kernels.attention_triton import PrefillConfig
+    from quantkit.kernels.attention.prefill import PrefillConfig
 
     q, k, v, sinks = ragged([30, 65], [44, 65], 4, 2, 16, 16, torch.float32, triton_device)
     cq, ck = cu([30, 65], triton_device), cu([44, 65], triton_device)
@@ -229,7 +229,7 @@ def test_triton_prefill_odd_head_dims(triton_device):
 @pytest.mark.parametrize("bs", [4, 16])
 @pytest.mark.parametrize("window", [None, 4, 20])
 def test_triton_decode_paged(triton_device, dtype, bs, window):
-    from quantkit.kernels.attention_triton_decode import DecodeConfig
+    from quantkit.kernels.attention.decode import DecodeConfig
 
     kc, vc, bt, lens = paged_cache([5, 9, 37], 2, 16, 16, bs, dtype, triton_device)
     q, _, _, sinks = ragged([3], [1], 4, 2, 16, 16, dtype, triton_device)
@@ -243,7 +243,7 @@ def test_triton_decode_paged(triton_device, dtype, bs, window):
 def test_triton_decode_pdl_is_a_request_with_the_same_bytes(triton_device):
     """``pdl`` launches the split and merge kernels as programmatic dependents where that exists; elsewhere (the
     interpreter, GPUs before sm_90) it is dropped: either way the same bytes as plain launches."""
-    from quantkit.kernels.attention_triton_decode import DecodeConfig
+    from quantkit.kernels.attention.decode import DecodeConfig
 
     kc, vc, bt, lens = paged_cache([5, 9, 37], 2, 16, 16, 4, torch.float32, triton_device)
     q, _, _, sinks = ragged([3], [1], 4, 2, 16, 16, torch.float32, triton_device)
@@ -285,7 +285,7 @@ def test_gpu_triton_prefill_gpt_oss(window):
 @gpu
 @pytest.mark.parametrize("window", [None, 128])
 def test_gpu_triton_decode_gpt_oss(window):
-    from quantkit.kernels.attention_triton_decode import DecodeConfig
+    from quantkit.kernels.attention.decode import DecodeConfig
 
     kc, vc, bt, lens = paged_cache([1, 15, 16, 17, 1000, 4100], 8, 64, 64, 16, torch.bfloat16, "cuda")
     q, _, _, sinks = ragged([6], [1], 64, 8, 64, 64, torch.bfloat16, "cuda")
@@ -303,7 +303,7 @@ def test_gpu_triton_decode_gpt_oss(window):
 def test_gpu_triton_decode_pdl_in_a_cuda_graph():
     """The split and merge kernels as programmatic dependents, captured and replayed after new keys arrive: the same bytes
     as plain eager launches on the same cache."""
-    from quantkit.kernels.attention_triton_decode import DecodeConfig
+    from quantkit.kernels.attention.decode import DecodeConfig
 
     kc, vc, bt, lens = paged_cache([7, 300, 4100], 8, 64, 64, 16, torch.bfloat16, "cuda")
     q, _, _, sinks = ragged([3], [1], 64, 8, 64, 64, torch.bfloat16, "cuda")
@@ -359,7 +359,7 @@ import sys
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from quantkit.kernels import attention_triton as P, attention_triton_decode as Dd
+from quantkit.kernels.attention import prefill as P, decode as Dd
 
 DIV16 = {"sq_t", "sq_h", "sk_t", "sk_h", "sv_t", "sv_h", "so_t", "so_h", "sq_b", "so_b", "sop_b", "sop_h", "sop_s", "sl_b", "sl_h"}
 def build(fn, ptrs, consts, warps, stages):

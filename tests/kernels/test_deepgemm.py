@@ -13,9 +13,9 @@ from .test_gemm import assert_gemm_close, fp8_block_case
 from .test_gemm_cublas import check_fp8_backend
 
 from quantkit.formats import fp8_block
-from quantkit.kernels import deepgemm as dg
+from quantkit.kernels.gemm import deepgemm as dg
 from quantkit.kernels import dispatch
-from quantkit.kernels import scaled_mm as sm
+from quantkit.kernels.gemm import scaled_mm as sm
 
 HAS_CUDA = torch.cuda.is_available()
 HEADERS = os.environ.get("QUANTKIT_TEST_DEEPGEMM_INCLUDE")  # a tensorrt_llm folder with deep_gemm/, where FlashInfer is not installed
@@ -106,7 +106,7 @@ def test_availability_and_by_shape_fallback(monkeypatch):
 
 
 def test_by_shape_falls_back_to_triton_after_a_failed_build(monkeypatch):
-    from quantkit.kernels import gemm_fp8_block as g8
+    from quantkit.kernels.gemm import fp8_block as g8
 
     dev = torch.device("cuda")
     monkeypatch.setattr(dg, "_AVAIL", {str(dev): dispatch.Availability(True, auto=False)})

@@ -14,7 +14,8 @@ import torch
 
 import quantkit.kernels as kernels
 from quantkit.formats import fp8_block, mxfp4, mxfp8
-from quantkit.kernels import dispatch, reference, triton_numerics
+from quantkit.kernels import dispatch, triton_numerics
+from quantkit.kernels.quant import quant_ref as reference
 from quantkit.kernels.dispatch import Availability, BackendUnavailable, Dispatcher, Registry
 
 CONVERSION_OPS = ("mxfp4_decode", "fp8_block_quantize_weight", "mxfp8_quantize", "act_quant_fp8_block", "act_quant_mxfp8")

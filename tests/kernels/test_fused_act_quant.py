@@ -25,9 +25,10 @@ from quantkit.engine.layers import mlp as mlp_layer
 from quantkit.engine.layers.norm import RMSNorm
 from quantkit.engine.qlinear import ActQuant, Dense, Fp8Block, Linear, Mxfp8
 from quantkit.formats import fp8_block, mxfp8
-from quantkit.kernels import dispatch, fused_act_quant
-from quantkit.kernels import fused_act_quant_ref as R
-from quantkit.kernels.fused_moe_ref import MoeSpec, activation
+from quantkit.kernels import dispatch
+from quantkit.kernels.quant import fused_act_quant
+from quantkit.kernels.quant import fused_act_quant_ref as R
+from quantkit.kernels.moe.fused_moe_ref import MoeSpec, activation
 
 from .kernel_cases import assert_same
 

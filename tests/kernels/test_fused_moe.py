@@ -27,11 +27,26 @@ from quantkit.engine.layers.moe import Experts
 from quantkit.engine.qlinear import ActQuant, Fp8Block, Mxfp8
 from quantkit.formats import fp8_block, mxfp8
 from quantkit.kernels import dispatch
-from quantkit.kernels.fused_moe import MOE_CONFIGS, MX_DECODE, MX_PREFILL_CONFIG, PREFILL_TILED, MoeConfig, pick_moe_config
-from quantkit.kernels.fused_moe_ref import ExpertWeights, MoeSpec, activation, check_moe, fused_moe_ref, quant_dequant, stack_gate_up
-from quantkit.kernels.fused_moe_sorted import sorted_ok
-from quantkit.kernels.moe_common import EXP_ARG_MAX, moe_activation
-from quantkit.kernels.moe_routing import route
+from quantkit.kernels.moe.fused_moe import (
+    MOE_CONFIGS,
+    MX_DECODE,
+    MX_PREFILL_CONFIG,
+    PREFILL_TILED,
+    MoeConfig,
+    pick_moe_config,
+)
+from quantkit.kernels.moe.fused_moe_ref import (
+    ExpertWeights,
+    MoeSpec,
+    activation,
+    check_moe,
+    fused_moe_ref,
+    quant_dequant,
+    stack_gate_up,
+)
+from quantkit.kernels.moe.sorted_tokens import sorted_ok
+from quantkit.kernels.moe.common import EXP_ARG_MAX, moe_activation
+from quantkit.kernels.moe.routing import route
 
 HAS_CUDA = torch.cuda.is_available()
 GPT_OSS = MoeSpec("gpt-oss", interleaved=True)
@@ -295,8 +310,8 @@ def test_sorted_rows_only_where_scales_are_uniform_per_tile(triton_device, gen):
 def test_wgmma_rules_and_fallback(triton_device, gen, monkeypatch):
     """The warp-specialised sorted-row kernel: which experts it takes (each refusal names its
     rule), an explicit config it cannot run raises, the table's falls back to PREFILL_TILED."""
-    from quantkit.kernels import fused_moe as fm
-    from quantkit.kernels.fused_moe_sorted import wgmma_why_not
+    from quantkit.kernels.moe import fused_moe as fm
+    from quantkit.kernels.moe.sorted_tokens import wgmma_why_not
 
     w13, w2 = experts("fp8-block", 2, 256, 128, gen, bias=True), experts("fp8-block", 2, 128, 128, gen, bias=True)
     mx13, mx2 = experts("mxfp8", 2, 256, 128, gen, bias=True), experts("mxfp8", 2, 128, 128, gen, bias=True)
@@ -324,7 +339,7 @@ def test_wgmma_rules_and_fallback(triton_device, gen, monkeypatch):
 def test_split_k_is_used_and_deterministic(triton_device, gen):
     """Few tokens: the auto split spreads K over programs (moe_split > 1), and the in-order
     reduction gives the same bytes on every run."""
-    from quantkit.kernels.fused_moe import moe_split
+    from quantkit.kernels.moe.fused_moe import moe_split
 
     cfg = MoeConfig(16, 32, 32, waves=64)
     assert moe_split(cfg, 4 * 9, 2, 288, 32, 416, triton_device)[0] > 1

@@ -1,5 +1,5 @@
 """Triton block-scaled GEMMs (FP8-block, MXFP8 emulated, MXFP8 with 128x128 weights) against
-the torch references of quantkit/kernels/scaled_mm.py, which dequantize with quantkit.formats.
+the torch references of quantkit/kernels/gemm/scaled_mm.py, which dequantize with quantkit.formats.
 
 CPU: Triton's interpreter (conftest.py), tiny awkward shapes: M = 1, K not a multiple of 128,
 N not a multiple of the tile, swap-AB, split-K, bias, TMA, persistent tiles; the small-M kernel
@@ -24,13 +24,13 @@ import torch
 
 from quantkit.formats import exact, fp8_block, mxfp8
 from quantkit.kernels import dispatch
-from quantkit.kernels.gemm_block_scaled import WORKSPACE, Config, Side, Workspace, auto_split, split_plan
-from quantkit.kernels.gemm_fp8_block import FP8_BLOCK_CONFIGS, SMALL_M, pick_config
-from quantkit.kernels.gemm_mxfp8 import MXFP8_CONFIGS, W128_CONFIGS, by_shape_choice_mx, mx_to_bf16, requant_weight_128
-from quantkit.kernels.gemm_skinny import SkinnyConfig, block_m_for, scale_words_ok, skinny_split
-from quantkit.kernels.gemm_wgmma import WgmmaConfig
-from quantkit.kernels.gemm_wgmma import splits as wgmma_splits
-from quantkit.kernels.scaled_mm import gemm_fp8_block_ref, gemm_mxfp8_ref, gemm_mxfp8_w128_ref
+from quantkit.kernels.gemm.block_scaled import WORKSPACE, Config, Side, Workspace, auto_split, split_plan
+from quantkit.kernels.gemm.fp8_block import FP8_BLOCK_CONFIGS, SMALL_M, pick_config
+from quantkit.kernels.gemm.mxfp8 import MXFP8_CONFIGS, W128_CONFIGS, by_shape_choice_mx, mx_to_bf16, requant_weight_128
+from quantkit.kernels.gemm.skinny import SkinnyConfig, block_m_for, scale_words_ok, skinny_split
+from quantkit.kernels.gemm.wgmma import WgmmaConfig
+from quantkit.kernels.gemm.wgmma import splits as wgmma_splits
+from quantkit.kernels.gemm.scaled_mm import gemm_fp8_block_ref, gemm_mxfp8_ref, gemm_mxfp8_w128_ref
 
 HAS_CUDA = torch.cuda.is_available()
 BF16_ULP = 2.0**-7  # spacing of bfloat16 relative to the value, at worst
@@ -236,8 +236,8 @@ def test_launcher_asserts_layouts(triton_device, gen):
 
 
 def test_table_uses_tma_only_on_aligned_rows():
-    from quantkit.kernels.gemm_block_scaled import Side
-    from quantkit.kernels.gemm_fp8_block import TILED_LARGE, table_config
+    from quantkit.kernels.gemm.block_scaled import Side
+    from quantkit.kernels.gemm.fp8_block import TILED_LARGE, table_config
 
     def sides(k: int) -> tuple[Side, Side]:
         a = torch.zeros(2048, k, dtype=torch.float8_e4m3fn)
@@ -434,7 +434,7 @@ def test_gpu_cuda_graph_replays_match_eager(gen, m, cfg):
 
 def test_small_m_table_takes_two_split_k_programs_per_sm():
     """The FP8-block table's small-M rows split K for 2 programs per SM (measured best on the H200)."""
-    from quantkit.kernels.gemm_skinny import SkinnyConfig, skinny_split
+    from quantkit.kernels.gemm.skinny import SkinnyConfig, skinny_split
 
     cfg = FP8_BLOCK_CONFIGS[0][1]
     assert isinstance(cfg, SkinnyConfig) and cfg.waves == 2

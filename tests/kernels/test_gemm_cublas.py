@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from .test_gemm import assert_gemm_close, fp8_block_case
 
 from quantkit.kernels import dispatch
-from quantkit.kernels import scaled_mm as sm
+from quantkit.kernels.gemm import scaled_mm as sm
 
 HAS_CUDA = torch.cuda.is_available()
 

@@ -1,4 +1,4 @@
-"""The warp-specialised Hopper FP8-block GEMM (quantkit/kernels/gemm_wgmma.py) and the fused
+"""The warp-specialised Hopper FP8-block GEMM (quantkit/kernels/gemm/wgmma.py) and the fused
 MoE's sorted-row GEMMs built from it (fused_moe_sorted.sorted_gemm_wgmma).
 
 Gluon kernels do not run in Triton's CPU interpreter, so CI checks what it can without a GPU:
@@ -24,9 +24,17 @@ import pytest
 import torch
 
 from quantkit.formats import fp8_block
-from quantkit.kernels.gemm_block_scaled import Side
-from quantkit.kernels.gemm_fp8_block import FP8_BLOCK_CONFIGS, SMALL_M, TILED_LARGE, TILED_MID, gemm_fp8_block, pick_config, table_config
-from quantkit.kernels.gemm_wgmma import CONSUMER_REGS, LOADER_REGS, WgmmaConfig, gluon_missing, wgmma_available, why_not
+from quantkit.kernels.gemm.block_scaled import Side
+from quantkit.kernels.gemm.fp8_block import (
+    FP8_BLOCK_CONFIGS,
+    SMALL_M,
+    TILED_LARGE,
+    TILED_MID,
+    gemm_fp8_block,
+    pick_config,
+    table_config,
+)
+from quantkit.kernels.gemm.wgmma import CONSUMER_REGS, LOADER_REGS, WgmmaConfig, gluon_missing, wgmma_available, why_not
 
 
 def sides(m: int, n: int, k: int, kps: int = 128) -> tuple[Side, Side]:
@@ -73,7 +81,7 @@ def test_explicit_config_raises_with_the_rule(gen):
 
 
 def test_pick_block_n_fills_the_sms():
-    from quantkit.kernels.gemm_wgmma import pick_block_n
+    from quantkit.kernels.gemm.wgmma import pick_block_n
 
     # M = 64, N = 4096 on 132 SMs: 32 / 64 / 128 tiles of 128 / 64 / 32 columns, one wave each: the fullest wins
     assert pick_block_n(64, 4096, 132) == 32
@@ -84,7 +92,7 @@ def test_pick_block_n_fills_the_sms():
 
 
 def test_ring_stages_keep_a_depth_that_fits():
-    from quantkit.kernels.gemm_wgmma import ring_stages
+    from quantkit.kernels.gemm.wgmma import ring_stages
 
     # [64, bn] x 2 staging + (128 + bn) x 128 bytes a stage within 232448 bytes
     assert [ring_stages(8, bn, 2) for bn in (128, 64, 32)] == [5, 8, 8]
@@ -108,7 +116,8 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
-from quantkit.kernels import gemm_wgmma_gluon, gemm_wgmma_moe_gluon
+from quantkit.kernels.gemm import wgmma_gluon as gemm_wgmma_gluon
+from quantkit.kernels.moe import wgmma_gluon as gemm_wgmma_moe_gluon
 
 out, spec = sys.argv[1], json.loads(sys.argv[2])
 fn = getattr(gemm_wgmma_moe_gluon if spec["fn"].startswith("moe_") else gemm_wgmma_gluon, spec["fn"])
@@ -190,7 +199,7 @@ def test_sm90_moe_build_overlaps_the_promotion_without_serialising(tmp_path, gat
 
 def test_small_m_rows_of_the_table_where_wgmma_runs(monkeypatch):
     """M = 33-64 on an H200: the wgmma kernel, except with few column tiles on a long K or a very long K (small_m_prefers_skinny)."""
-    from quantkit.kernels import gemm_fp8_block as mod
+    from quantkit.kernels.gemm import fp8_block as mod
 
     monkeypatch.setattr(mod, "why_not", lambda a, w, out_dtype: None)  # as on an H200
     assert mod.table_config(FP8_BLOCK_CONFIGS, *sides(32, 5120, 2880)) == mod.SMALL_M
@@ -205,7 +214,7 @@ def test_small_m_rows_of_the_table_where_wgmma_runs(monkeypatch):
 
 
 def test_fp8_block_config_names_what_gemm_fp8_block_runs(gen, monkeypatch):
-    from quantkit.kernels import gemm_fp8_block as mod
+    from quantkit.kernels.gemm import fp8_block as mod
 
     q, sw = fp8_block.quantize_weight(torch.randn(2112, 7168, generator=gen))
     for m, want in ((64, SMALL_M), (65, TILED_MID)):  # CPU: no wgmma kernel
@@ -222,7 +231,7 @@ def test_fp8_block_config_names_what_gemm_fp8_block_runs(gen, monkeypatch):
 def test_table_choice_asks_the_rules_once(gen, monkeypatch):
     """A table-chosen wgmma launch does not ask :func:`why_not` again (5 us of host time a call);
     an explicit config still does (tests above: it raises with the rule)."""
-    from quantkit.kernels import gemm_fp8_block as mod
+    from quantkit.kernels.gemm import fp8_block as mod
 
     asked, launched = [], []
     monkeypatch.setattr(mod, "why_not", lambda a, w, out_dtype: asked.append(1))  # None: as on an H200

@@ -15,7 +15,8 @@ import torch
 
 from quantkit.formats import fp8_block, mxfp4, mxfp8
 from quantkit.formats.rounding import Rounding
-from quantkit.kernels import dispatch, fp8_block_quant, group_quant, mxfp4_decode
+from quantkit.kernels import dispatch
+from quantkit.kernels.quant import fp8_block_quant, group_quant, mxfp4_decode
 
 from .kernel_cases import assert_same, scale_one_rows, special_groups, wide_randn
 

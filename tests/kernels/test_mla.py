@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from quantkit.kernels import dispatch
-from quantkit.kernels import mla as ref_ops
-from quantkit.kernels.attention import paged_rows
+from quantkit.kernels.mla import mla_ref as ref_ops
+from quantkit.kernels.attention.attention_ref import paged_rows
 from quantkit.kernels.dispatch import Dispatcher
-from quantkit.kernels.mla_flashinfer import MLADecode
+from quantkit.kernels.mla.flashinfer import MLADecode
 
 from .test_attention import GPU_TOL, TOL, assert_close, tol
 
@@ -123,7 +123,7 @@ def test_backends_are_drop_ins_for_the_reference():
     positional parameters and defaults; launch tuning only as keyword-only parameters."""
     import inspect
 
-    from quantkit.kernels import mla_flashinfer, mla_triton
+    from quantkit.kernels.mla import flashinfer as mla_flashinfer, decode as mla_triton
 
     assert "triton" in dispatch.backends("mla_decode") and dispatch.backends("mla_decode")[-1] == "torch"
     if not HAS_CUDA:
@@ -145,7 +145,7 @@ def triton(*args, **kw):
 @pytest.mark.parametrize("bs", [4, 16])
 def test_triton_ragged_contexts(triton_device, dtype, bs):
     """Contexts of 1 key, within one block, not a multiple of the block, several chunks; H = 4 < BLOCK_H."""
-    from quantkit.kernels.mla_triton import MLAConfig
+    from quantkit.kernels.mla.decode import MLAConfig
 
     lens = [1, 7, 13, 37]
     kv, k_rot, bt, ctx = latent_cache(lens, 32, 16, bs, dtype, triton_device)
@@ -162,7 +162,7 @@ def test_triton_ragged_contexts(triton_device, dtype, bs):
 def test_triton_head_blocks_odd_rank_and_int64_tables(triton_device):
     """H = 20 over two head blocks of 16 (the second partly masked), rank 48 and rope 8 (not powers
     of two), chunks of 32 tokens, int64 block tables, a strided q_rot (a view of a wider tensor)."""
-    from quantkit.kernels.mla_triton import MLAConfig
+    from quantkit.kernels.mla.decode import MLAConfig
 
     lens = [2, 45]
     kv, k_rot, bt, ctx = latent_cache(lens, 48, 8, 8, torch.float32, triton_device)
@@ -175,7 +175,7 @@ def test_triton_head_blocks_odd_rank_and_int64_tables(triton_device):
 
 
 def test_triton_asserts_layouts(triton_device):
-    from quantkit.kernels.mla_triton import MLAConfig
+    from quantkit.kernels.mla.decode import MLAConfig
 
     kv, k_rot, bt, ctx = latent_cache([3], 32, 16, 4, torch.float32, triton_device)
     q_lat, q_rot = queries(1, 4, 32, 16, torch.float32, triton_device)
@@ -260,7 +260,7 @@ def _two_layer_decode(per_op: dict, monkeypatch=None, device="cpu", dtype=torch.
     """Two MLA layers sharing one dispatcher: a prefill of two sequences, then 3 decode steps.  With
     ``monkeypatch``, :class:`_FakeStepMLA` stands in for FlashInfer's wrapper (which may then serve)."""
     from quantkit.engine import KVCache
-    from quantkit.kernels import mla_flashinfer
+    from quantkit.kernels.mla import flashinfer as mla_flashinfer
 
     if monkeypatch is not None:
         monkeypatch.setattr(mla_flashinfer, "step_plan_ok", lambda q_lat, q_rot: None)  # as with FlashInfer on a GPU
@@ -304,7 +304,7 @@ def test_engine_decode_plans_flashinfer_once_per_step(monkeypatch):
 
 
 def test_flashinfer_step_plan_rules():
-    from quantkit.kernels.mla_flashinfer import step_plan_ok
+    from quantkit.kernels.mla.flashinfer import step_plan_ok
 
     def q(rank, rope, dtype=torch.bfloat16, dev="cpu"):
         return torch.zeros(1, 2, rank, dtype=dtype, device=dev), torch.zeros(1, 2, rope, dtype=dtype, device=dev)
@@ -349,7 +349,7 @@ DEEPSEEK = {"h": 128, "rank": 512, "rope": 64, "scale": 192**-0.5}
 @gpu
 def test_gpu_triton_deepseek_size():
     """B=16 contexts of 4096 tokens, 128 heads, rank 512, rope 64, bf16, 16-token pages."""
-    from quantkit.kernels.mla_triton import MLAConfig
+    from quantkit.kernels.mla.decode import MLAConfig
 
     d = DEEPSEEK
     kv, k_rot, bt, ctx = latent_cache([4096] * 16, d["rank"], d["rope"], 16, torch.bfloat16, "cuda")
@@ -410,7 +410,7 @@ import os, subprocess, sys, tempfile
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from quantkit.kernels import mla_triton as M
+from quantkit.kernels.mla import decode as M
 
 DIV16 = {"sql_b", "sql_h", "sqr_b", "sqr_h", "skv_t", "skr_t", "so_b", "so_h", "sop_b", "sop_h", "sop_s", "sl_b", "sl_h"}
 def build(fn, consts, warps, stages):
@@ -430,7 +430,7 @@ for final in (False, True):
         f.write(k.asm["cubin"]); f.flush()
         usage = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True, check=True).stdout
     print(cfg.name(), usage.split("Resource usage:")[-1].strip()[:200])
-from quantkit.kernels import attention_triton_decode as D  # the merge kernel MLA shares with sink-attention decode
+from quantkit.kernels.attention import decode as D  # the merge kernel MLA shares with sink-attention decode
 build(D._decode_merge_kernel, dict(BLOCK_S=64, HEAD_DV=512, BLOCK_DV=512, HAS_SINKS=False), 4, 1)
 print("compiled")
 '''

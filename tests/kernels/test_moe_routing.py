@@ -1,4 +1,4 @@
-"""The fused MoE's routing and token alignment (kernels/moe_routing.py).
+"""The fused MoE's routing and token alignment (kernels/moe/routing.py).
 
 * Routing (kernels/moe_routing.route) is bit-identical to the engine's torch routing for the
   three rules, ties included.
@@ -16,8 +16,8 @@ import torch
 
 from quantkit.engine.layers.moe import Routing
 from quantkit.engine.layers.moe import route as engine_route
-from quantkit.kernels import moe_routing
-from quantkit.kernels.moe_routing import SMALL_N_MAX, align, align_capacity, align_torch, align_triton, route
+from quantkit.kernels.moe import routing as moe_routing
+from quantkit.kernels.moe.routing import SMALL_N_MAX, align, align_capacity, align_torch, align_triton, route
 
 
 # ---- routing ------------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ def test_align_capacity_is_reached_by_the_worst_routing(triton_device):
 def test_pdl_is_a_request_with_the_same_bytes(triton_device, gen):
     """``pdl`` on the quantization and alignment launches changes no byte; where programmatic dependent launch does not
     exist (the interpreter, GPUs before sm_90) the request is dropped instead of failing."""
-    from quantkit.kernels.group_quant import act_quant_fp8_block, mxfp8_quantize
+    from quantkit.kernels.quant.group_quant import act_quant_fp8_block, mxfp8_quantize
 
     x = torch.randn(5, 320, generator=gen).to(triton_device)
     for quant in (act_quant_fp8_block, mxfp8_quantize):

@@ -12,7 +12,7 @@ from .test_gemm import fp8_block_case
 
 from quantkit.formats import fp8_block
 from quantkit.kernels import dispatch
-from quantkit.kernels import gemm_fp8_block as g8
+from quantkit.kernels.gemm import fp8_block as g8
 
 
 def _poisoned_buffers(monkeypatch):
@@ -100,7 +100,7 @@ def test_gemms_read_either_layout(triton_device, gen, m, n, k):
 
 
 def test_cublas_layout_takes_the_buffer_when_its_rows_match():
-    from quantkit.kernels import scaled_mm as sm
+    from quantkit.kernels.gemm import scaled_mm as sm
 
     a = torch.zeros(16, 384, dtype=torch.float8_e4m3fn)
     s = fp8_block.act_scales_mn(torch.rand(16, 3))

@@ -1,5 +1,5 @@
-"""``rope_rotate``, ``rope_cache_write``, ``add_rmsnorm`` and ``router_topk`` (quantkit/kernels/step_ref.py,
-step_triton.py): the Triton kernels give their references' bytes (the router: the same experts, weights within
+"""``rope_rotate``, ``rope_cache_write``, ``add_rmsnorm`` and ``router_topk`` (quantkit/kernels/attention/rope*.py,
+norm/add_rmsnorm*.py, moe/router*.py): the Triton kernels give their references' bytes (the router: the same experts, weights within
 float32 rounding; in the interpreter on the CPU, compiled on a GPU), the references are the engine's unfused ops
 (the rotation and cache write exactly, RMSNorm to its specified sum order, the router's rules), and bad input
 fails loudly.  Budget: under 30 s on 2 cores."""
@@ -12,7 +12,10 @@ import torch
 from quantkit.engine.layers.moe import Routing, route
 from quantkit.engine.layers.norm import RMSNorm
 from quantkit.engine.layers.rope import Rope
-from quantkit.kernels import dispatch, step_ref
+from quantkit.kernels import dispatch
+from quantkit.kernels.attention import rope_ref
+from quantkit.kernels.moe import router_ref
+from quantkit.kernels.norm import add_rmsnorm_ref
 
 DTYPES = [torch.bfloat16, torch.float32]
 CUDA = torch.cuda.is_available()
@@ -38,7 +41,7 @@ def test_rope_reference_is_the_layer(style, dtype):
     pos = torch.tensor([0, 5, 900, 4097])
     x = torch.randn(4, 3, 64).to(dtype)
     cos, sin = rope.cos_sin(pos, dtype)
-    assert same(step_ref.rope_rotate(x, cos[:, 0], sin[:, 0], style), rope(x, pos))
+    assert same(rope_ref.rope_rotate(x, cos[:, 0], sin[:, 0], style), rope(x, pos))
 
 
 @pytest.mark.parametrize("style", ["half", "interleaved"])
@@ -50,7 +53,7 @@ def test_rope_triton_bytes_equal_reference(shape, dtype, style):
     big = (torch.randn(t, h + 2, d + 8, generator=g) * 3).to(dtype)
     x = big[:, 1 : h + 1, 4 : 4 + d]  # strided view, unit stride along D (MLA's q_rot is one)
     cos, sin = table(t, d, dtype)
-    want = step_ref.rope_rotate(x, cos, sin, style)
+    want = rope_ref.rope_rotate(x, cos, sin, style)
     got = dispatch.call("rope_rotate", x, cos, sin, style, backend="triton", block_h=2)
     assert same(got, want)
 
@@ -63,7 +66,7 @@ def test_add_rmsnorm_triton_bytes_equal_reference(shape, dtype, order):
     x = (torch.randn(shape, generator=g) * 4).to(dtype)
     y = torch.randn(shape, generator=g).to(dtype)
     w = (torch.rand(shape[-1], generator=g) + 0.5).to(dtype)
-    want = step_ref.add_rmsnorm(x, y, w, 1e-5, order)
+    want = add_rmsnorm_ref.add_rmsnorm(x, y, w, 1e-5, order)
     for tuning in ({"block_m": 2, "unroll": 2, "block_k": 128}, {}):  # a narrow launch and the default one
         got = dispatch.call("add_rmsnorm", x, y, w, 1e-5, order, backend="triton", **tuning)
         assert same(got[0], want[0]) and same(got[1], want[1]), tuning
@@ -88,7 +91,7 @@ def rope_cache_case(t, hq, hkv, d, dtype, style, device="cpu", **kw):
     cos, sin = table(t, d, dtype)
     slots = torch.randperm(3 * t + 4, generator=g)[:t]  # scattered rows of a 3T+4-slot cache
     caches = [torch.full((3 * t + 4, hkv, d), 7.0, dtype=dtype) for _ in range(4)]  # k, v: reference; k, v: op
-    want = step_ref.rope_cache_write(q, k, v, cos, sin, style, slots, caches[0], caches[1])
+    want = rope_ref.rope_cache_write(q, k, v, cos, sin, style, slots, caches[0], caches[1])
     dev = [a.to(device) for a in (q, k, v, cos, sin, slots, caches[2], caches[3])]
     if device != "cpu":  # views of one GEMM output on the device too
         y = torch.cat([a.reshape(t, -1) for a in (q, k, v)], dim=-1).to(device)
@@ -104,8 +107,8 @@ def test_rope_cache_write_triton_bytes_equal_reference(shape, dtype, style):
     want, got, (q, k, v, cos, sin, slots) = rope_cache_case(*shape, dtype, style, backend="triton", block_h=4)
     assert all(same(a, b) for a, b in zip(got, want))
     # the reference is the unfused path: rope_rotate on q and k, then the cache's index write
-    assert same(want[0], step_ref.rope_rotate(q, cos, sin, style))
-    assert same(want[1][slots], step_ref.rope_rotate(k, cos, sin, style)) and same(want[2][slots], v.contiguous())
+    assert same(want[0], rope_ref.rope_rotate(q, cos, sin, style))
+    assert same(want[1][slots], rope_ref.rope_rotate(k, cos, sin, style)) and same(want[2][slots], v.contiguous())
     untouched = torch.ones(want[1].shape[0], dtype=torch.bool)
     untouched[slots] = False
     assert bool((want[1][untouched] == 7).all() and (got[1][untouched] == 7).all() and (got[2][untouched] == 7).all())
@@ -121,7 +124,7 @@ def router_case(rule, norm, e, k, h, bias, t, dtype=torch.bfloat16, device="cpu"
     w = (torch.randn(e, h, generator=g) * h**-0.5).to(dtype)  # as stored (bf16): the op upcasts it exactly
     b = torch.randn(e, generator=g) if bias else None
     want = route(torch.nn.functional.linear(x.float(), w.float(), b), Routing(rule, k, norm))
-    assert all(torch.equal(a, c) for a, c in zip(step_ref.router_topk(x, w, b, k, rule, norm), want))  # the reference is the engine's router
+    assert all(torch.equal(a, c) for a, c in zip(router_ref.router_topk(x, w, b, k, rule, norm), want))  # the reference is the engine's router
     got = dispatch.call("router_topk", x.to(device), w.to(device), None if b is None else b.to(device), k, rule, norm, **kw)
     return want, (got[0].cpu(), got[1].cpu())
 
@@ -138,22 +141,22 @@ def test_bad_input_is_refused():
     x = torch.randn(2, 3, 64)
     cos, sin = table(2, 64, torch.float32)
     with pytest.raises(ValueError, match="rope style"):
-        step_ref.rope_rotate(x, cos, sin, "neox")
+        rope_ref.rope_rotate(x, cos, sin, "neox")
     with pytest.raises(ValueError, match="cos and sin"):
-        step_ref.rope_rotate(x, cos[:1], sin[:1])
+        rope_ref.rope_rotate(x, cos[:1], sin[:1])
     with pytest.raises(ValueError, match="one shape and dtype"):
-        step_ref.add_rmsnorm(torch.randn(2, 8), torch.randn(2, 8).bfloat16(), torch.ones(8), 1e-6)
+        add_rmsnorm_ref.add_rmsnorm(torch.randn(2, 8), torch.randn(2, 8).bfloat16(), torch.ones(8), 1e-6)
     with pytest.raises(ValueError, match="promote"):
-        step_ref.add_rmsnorm(torch.randn(2, 8).bfloat16(), torch.randn(2, 8).bfloat16(), torch.ones(8), 1e-6, "hf")
+        add_rmsnorm_ref.add_rmsnorm(torch.randn(2, 8).bfloat16(), torch.randn(2, 8).bfloat16(), torch.ones(8), 1e-6, "hf")
     q, kc = torch.randn(2, 4, 64), torch.zeros(9, 2, 64)
     with pytest.raises(ValueError, match="slots"):
-        step_ref.rope_cache_write(q, q[:, :2], q[:, :2], cos, sin, "half", torch.tensor([1.0, 2.0]), kc, kc.clone())
+        rope_ref.rope_cache_write(q, q[:, :2], q[:, :2], cos, sin, "half", torch.tensor([1.0, 2.0]), kc, kc.clone())
     with pytest.raises(ValueError, match="caches must be contiguous"):
-        step_ref.rope_cache_write(q, q[:, :2], q[:, :2], cos, sin, "half", torch.tensor([1, 2]), torch.zeros(9, 4, 64), kc)
+        rope_ref.rope_cache_write(q, q[:, :2], q[:, :2], cos, sin, "half", torch.tensor([1, 2]), torch.zeros(9, 4, 64), kc)
     with pytest.raises(ValueError, match="top_k 9 of 8"):
-        step_ref.router_topk(torch.randn(2, 16), torch.randn(8, 16), None, 9, "topk_softmax")
+        router_ref.router_topk(torch.randn(2, 16), torch.randn(8, 16), None, 9, "topk_softmax")
     with pytest.raises(ValueError, match="rule must be one of"):
-        step_ref.router_topk(torch.randn(2, 16), torch.randn(8, 16), None, 2, "grouped_sigmoid")
+        router_ref.router_topk(torch.randn(2, 16), torch.randn(8, 16), None, 2, "grouped_sigmoid")
 
 
 @pytest.mark.gpu
@@ -164,13 +167,13 @@ def test_gpu_compiled_bytes_equal_reference(dtype):
     for style, (t, h, d) in [("half", (256, 64, 64)), ("half", (1, 8, 64)), ("interleaved", (33, 128, 64)), ("half", (7, 32, 128))]:
         x = (torch.randn(t, h, d, generator=g) * 3).to(dtype)
         cos, sin = table(t, d, dtype)
-        want = step_ref.rope_rotate(x, cos, sin, style)
+        want = rope_ref.rope_rotate(x, cos, sin, style)
         got = dispatch.call("rope_rotate", x.cuda(), cos.cuda(), sin.cuda(), style)
         assert dispatch.which("rope_rotate", "cuda") == "triton" and same(got.cpu(), want), (style, t, h, d)
     for shape, order in [((1, 2880), "f32"), ((256, 2880), "f32"), ((37, 7168), "hf"), ((64, 4096), "hf")]:
         x, y = ((torch.randn(shape, generator=g) * 4).to(dtype) for _ in range(2))
         w = (torch.rand(shape[-1], generator=g) + 0.5).to(dtype)
-        want = step_ref.add_rmsnorm(x, y, w, 1e-6, order)
+        want = add_rmsnorm_ref.add_rmsnorm(x, y, w, 1e-6, order)
         got = dispatch.call("add_rmsnorm", x.cuda(), y.cuda(), w.cuda(), 1e-6, order)
         assert same(got[0].cpu(), want[0]) and same(got[1].cpu(), want[1]), (shape, order)
     for style, shape in [("half", (1, 64, 8, 64)), ("half", (200, 64, 8, 64)), ("interleaved", (7, 32, 4, 128))]:

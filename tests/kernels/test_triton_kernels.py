@@ -20,7 +20,8 @@ import torch
 
 from quantkit.formats import fp8_block, mxfp4, mxfp8
 from quantkit.formats.rounding import Rounding
-from quantkit.kernels import dispatch, group_quant, triton_numerics
+from quantkit.kernels import dispatch, triton_numerics
+from quantkit.kernels.quant import group_quant
 
 from .kernel_cases import assert_same, scale_one_rows, special_groups, wide_randn
 

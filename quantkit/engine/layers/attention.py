@@ -1,5 +1,5 @@
 """Attention: the GQA attention layer of GPT-OSS and Qwen3, and :func:`attend_batch`, which runs
-the attention ops (:mod:`quantkit.kernels.attention`) over a :class:`Batch` for it and for MLA.
+the attention ops (:mod:`quantkit.kernels.attention.attention_ref`) over a :class:`Batch` for it and for MLA.
 
 Masking is by position: query at position p sees keys at positions j <= p, and with a sliding
 window W only j > p - W (transformers ``sliding_window_overlay``; GPT-OSS W=128 means keys
@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ...kernels.attention import attend  # noqa: F401  (re-exported: the reference the layer tests use)
+from ...kernels.attention.attention_ref import attend  # noqa: F401  (re-exported: the reference the layer tests use)
 from ...kernels.dispatch import Dispatcher
 from ..batch import Batch
 from ..kv_cache import KVCache

@@ -13,7 +13,7 @@ RMS-normed (eps 1e-6 in both references) and cached with the rotated k_rot.  Sof
 * decode (one new token per sequence, with a cache): weight-absorbed MLA (DeepSeek's
   ``attn_impl="absorb"``).  kv_b_proj's weight [H * (qk_nope + v_head), rank] splits per head
   into W_UK [H, qk_nope, rank] and W_UV [H, v_head, rank]; q_lat = q_nope W_UK [H, rank], the
-  ``mla_decode`` op attends over the cached latents themselves (:mod:`quantkit.kernels.mla`),
+  ``mla_decode`` op attends over the cached latents themselves (:mod:`quantkit.kernels.mla.mla_ref`),
   out = o_lat W_UV^T [H, v_head], then o_proj.  W_UK / W_UV are kv_b_proj's dequantized weight
   in the compute dtype (DeepSeek's ``weight_dequant``), made on the first decode step and kept
   (2 * H * 128 * 512 values per layer at full size).
@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...kernels import mla_flashinfer
+from ...kernels.mla import flashinfer as mla_flashinfer
 from ...kernels.dispatch import AUTO, Dispatcher
 from ..batch import Batch
 from ..kv_cache import KVCache

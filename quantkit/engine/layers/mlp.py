@@ -3,7 +3,7 @@ gate and up as one GEMM where their weights stack (:class:`.qlinear.RowGroup`).
 
 When the down projection quantizes its input (fp8-block / mxfp8 weights with dynamic activation
 quantization) and the activations are bfloat16, silu(g) * u and that quantization run as one op,
-``silu_mul_act_quant`` (quantkit/kernels/fused_act_quant_ref.py), whose E4M3 bytes and scales go
+``silu_mul_act_quant`` (quantkit/kernels/quant/fused_act_quant_ref.py), whose E4M3 bytes and scales go
 straight to the down projection's GEMM: the product is never written out in bf16 and read back.
 The op's SiLU uses a specified exp (Cephes expf, so Triton reproduces it bit for bit); rounded to
 bfloat16 it equals torch's ``silu`` for every bfloat16 input (tested), so the fused path computes

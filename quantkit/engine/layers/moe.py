@@ -16,7 +16,7 @@ gate, 2j+1 up) with biases and the clamped SwiGLU (up + 1) * g * sigmoid(alpha *
 limit), up clamped to [-limit, limit]; per-expert families have separate gate/up and SiLU.
 
 Compute: fp8-block and mxfp8 experts with dynamic activation quantization run the ``fused_moe``
-op (:mod:`quantkit.kernels.fused_moe_ref` is its torch reference, step for step the per-expert
+op (:mod:`quantkit.kernels.moe.fused_moe_ref` is its torch reference, step for step the per-expert
 loop here).  Its :class:`ExpertWeights` are built once at load from the packed buffers: GPT-OSS's
 interleaved gate_up [E, 2I, H] (+ biases) as is; DeepSeek/Qwen gate and up stacked as
 [E, 2I, H] = [gate | up] (``stack_gate_up``; the gate and up weights then become views of it, so
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ...kernels.fused_moe_ref import FORMATS as FUSED_FORMATS
-from ...kernels.fused_moe_ref import ExpertWeights, MoeSpec, stack_gate_up
-from ...kernels.step_ref import ROUTER_OP_TOKENS, ROUTER_RULES, topk_route
+from ...kernels.moe.fused_moe_ref import FORMATS as FUSED_FORMATS
+from ...kernels.moe.fused_moe_ref import ExpertWeights, MoeSpec, stack_gate_up
+from ...kernels.moe.router_ref import ROUTER_OP_TOKENS, ROUTER_RULES, topk_route
 from ..qlinear import QWeight, linear
 
 RULES = ("topk_softmax", "softmax_topk", "grouped_sigmoid")
@@ -75,7 +75,7 @@ def route(logits: torch.Tensor, r: Routing, correction_bias: torch.Tensor | None
 
 class Router(nn.Module):
     """Router logits in float32, then the routing rule.  With ``ops`` (the model's dispatcher) the two top-k rules
-    run as one ``router_topk`` op (quantkit/kernels/step_ref.py) for up to ROUTER_OP_TOKENS tokens; it reads the
+    run as one ``router_topk`` op (quantkit/kernels/moe/router_ref.py) for up to ROUTER_OP_TOKENS tokens; it reads the
     weight as the checkpoint stored it where that is 16-bit (``weight_src``: bf16 upcasts exactly, so the float32
     products are the same)."""
 

@@ -6,13 +6,13 @@ then multiply by the weight in that dtype) and ``"f32"`` (transformers GptOss an
 reference: multiply in float32, then cast).  They agree exactly in float32.
 
 :func:`add_norm`: a decoder layer's residual add and the RMSNorm after it, as one op (``add_rmsnorm``,
-quantkit/kernels/step_ref.py) for bf16 activations: one launch instead of about ten on a GPU, its sum of
+quantkit/kernels/norm/add_rmsnorm_ref.py) for bf16 activations: one launch instead of about ten on a GPU, its sum of
 squares in the same specified order as the fused quantizing norm below (so the same caveat holds).
 
 :func:`norm_quantized`: when every projection that reads the normed x quantizes its input the
 same way (fp8-block / mxfp8 weights, dynamic activation quantization) and activations are bf16,
 the norm and that quantization run as one op, ``rmsnorm_act_quant``
-(quantkit/kernels/fused_act_quant_ref.py): x is read once and only E4M3 bytes + scales are
+(quantkit/kernels/quant/fused_act_quant_ref.py): x is read once and only E4M3 bytes + scales are
 written, once for all the projections instead of once each.  Its sum of squares has a specified
 order (torch's differs by device and size), so in bf16 it may differ from :class:`RMSNorm` by one
 bf16 ulp on a few elements (at most 2e-5 of them, measured at K = 256-7168); float32 activations

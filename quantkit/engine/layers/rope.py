@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ...kernels.dispatch import Dispatcher
-from ...kernels.step_ref import DTYPES as ROPE_DTYPES
+from ...kernels.attention.rope_ref import DTYPES as ROPE_DTYPES
 from ..batch import Batch
 
 STYLES = ("half", "interleaved")

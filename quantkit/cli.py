@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "shard": "quantkit.commands.shard:shard",
     "eval": "quantkit.commands.eval:eval_group",
     "serve": "quantkit.commands.serve:serve",
+    "kernels": "quantkit.commands.kernels:kernels",
 }
 
 

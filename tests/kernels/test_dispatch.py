@@ -180,3 +180,67 @@ def test_sm_count_is_asked_once_per_device(monkeypatch):
         assert dispatch.sm_count(torch.device("cpu")) == 8 and calls == [1]  # the interpreter's grids: no driver asked
     finally:
         dispatch._sm_count.cache_clear()
+
+
+def _selecting_registry() -> tuple[Registry, list]:
+    """An op with a reference and a backend of two leaves, chosen by the rows of its input."""
+    reg, calls = Registry(), []
+    dispatch.register("double", dispatch.REFERENCE, lambda x: 2 * x, registry=reg)
+
+    def leaf(name):
+        return lambda x: calls.append(name) or 2 * x
+
+    def select(x):
+        wide = x.shape[0] > 4
+        return dispatch.Choice("fast.wide" if wide else "fast.narrow", config=8 if wide else None,
+                               reason="more than 4 rows fill the tiles" if wide else "few rows", run=leaf("wide" if wide else "narrow"))  # fmt: skip
+
+    dispatch.register("double", "fast", lambda x: pytest.fail("a selecting backend runs its choice"), priority=1, select=select, registry=reg)
+    return reg, calls
+
+
+def test_a_selecting_backend_runs_its_leaf_and_the_dispatcher_names_it():
+    reg, calls = _selecting_registry()
+    ops = Dispatcher(registry=reg)
+    x = torch.ones(8)
+    assert torch.equal(ops.call("double", x), 2 * x) and calls == ["wide"]
+    assert ops.ran["double"] == "fast.wide"
+    assert torch.equal(ops.call("double", x[:2]), 2 * x[:2]) and calls == ["wide", "narrow"]
+    assert ops.ran["double"] == "fast.narrow"
+    c = ops.choose("double", x)
+    assert (c.kernel, c.config, c.reason, str(c)) == ("fast.wide", 8, "more than 4 rows fill the tiles", "fast.wide [8]")
+    assert ops.which("double", "cpu") == "fast" and ops.which("double", x[:1]) == "fast.narrow"
+    assert calls == ["wide", "narrow"]  # choosing runs nothing
+    assert Dispatcher(backend="torch", registry=reg).which("double", x) == "torch"
+
+
+def test_which_given_the_operands_names_the_leaf_and_a_single_kernel_backend_its_name():
+    x = torch.randn(2, 64)
+    assert dispatch.which("act_quant_mxfp8", "cpu") == dispatch.which("act_quant_mxfp8", x, "floor") == "torch"
+    assert dispatch.choose("act_quant_mxfp8", x, "floor") == dispatch.Choice("torch", reason="the backend's only kernel")
+
+
+def test_targets_of_devices_and_named_ones():
+    cpu = dispatch.target("cpu")
+    assert (cpu.type, cpu.sm90) == ("cpu", False)
+    h200 = dispatch.TARGETS["h200"]
+    assert h200.sm90 and h200.sms == 132 and h200.has("deepgemm") and not h200.has("cutlass")
+    assert not cpu.has("deepgemm")  # no device or op given: nothing optional is assumed
+
+
+def test_the_kernel_map_command(tmp_path):
+    """`quantkit kernels`: every map row names a kernel and the rule that chose it; a bad device or op is one clear error."""
+    from click.testing import CliRunner
+
+    from quantkit.cli import main
+
+    r = CliRunner().invoke(main, ["kernels", "--device", "h200", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = __import__("json").loads(r.output)
+    for row in rows:
+        assert row["op"] in dispatch.ops() and row["kernel"] and row["reason"], row
+    r = CliRunner().invoke(main, ["kernels", "--device", "cpu"])
+    assert r.exit_code == 0 and "| op | case | M | kernel |" in r.output and "mxfp4_decode: triton, torch*" in r.output, r.output
+    for args, msg in ((["--device", "tpu9"], "neither a torch device nor a named target"), (["--op", "nope"], "unknown op(s) nope")):
+        r = CliRunner().invoke(main, ["kernels", *args])
+        assert r.exit_code == 2 and msg in r.output, r.output

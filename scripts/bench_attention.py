@@ -19,7 +19,7 @@ of queries / two sequences; |err| <= 1e-2 + 1e-2 |ref|), then timed:
   FlashInfer (planned once, ``run`` timed), SDPA on a contiguous cache without sinks;
   GB/s = K+V bytes the step must read / time, against HBM bandwidth (goal >= 60 %).
 * then, while the budget lasts, Triton launch configurations at two decode points and on the
-  8192-token prefills (the defaults in quantkit/kernels/attention_triton{,_decode}.py come from here).
+  8192-token prefills (the rows of quantkit/kernels/attention/tables.py come from here).
 
 FlashInfer runs when ``import flashinfer`` works (its wheel on PYTHONPATH); its first use
 JIT-compiles one module per window setting (~40 s each).  ``--device cpu`` is a smoke test of
@@ -336,7 +336,7 @@ def main() -> None:
     gpu, peaks, versions = environment(torch, device)
     b = Bench(torch, device, gpu, peaks, args.out, args.warmup_ms, args.rep_ms, time.monotonic() + args.budget_s)
     sh = Shapes(**CPU_SHAPES) if device.type == "cpu" else Shapes()
-    fi, fi_backends = load_flashinfer(b.cuda, args.fi_backends, versions, "attention_flashinfer")
+    fi, fi_backends = load_flashinfer(b.cuda, args.fi_backends, versions, "attention.flashinfer")
     b.log(f"bench_attention: {gpu} {versions}")
     t0 = time.monotonic()
     for section in (bench_prefill, bench_decode):

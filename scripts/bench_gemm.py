@@ -1,10 +1,10 @@
-"""GEMM family of scripts/bench_kernels.py: FP8-block (Triton, cuBLAS, by-shape) and MXFP8 paths
+"""GEMM family of scripts/bench_kernels.py: FP8-block (Triton, cuBLAS, auto) and MXFP8 paths
 against the bf16 matmul, on the served models' projection shapes; then a config sweep.
 
 Main pass, per (shape, M): bf16 matmul; cuBLAS block-scaled ``scaled_mm`` on prepared operands;
-the Triton op with its config table; ``by-shape`` through the dispatcher, on activation scales
+the Triton leaf the selection picks; ``auto`` through the dispatcher, on activation scales
 written MN-major as the engine's quantizers write them on a GPU (per-call layout work included);
-DeepGEMM on prepared operands; the MXFP8 paths (emulated, 128x128 weight, dequant-bf16).  Sweep: candidate
+DeepGEMM on prepared operands; the MXFP8 paths (emulated, dequant-bf16).  Sweep: candidate
 configs per M on :data:`TUNE_SHAPES` (graph timing only), ranked by geomean time, printed as
 config-table rows.  Shapes, M values and goals are data below.
 """
@@ -40,7 +40,7 @@ GEMM_TOL = 1e-3  # same fp8 inputs and f32 promotion; the fp8 tensor core keeps 
 TUNE_SHAPES = (("deepseek-v3", "o"), ("deepseek-v3", "expert gate_up"), ("qwen3-235b", "qkv"), ("gpt-oss", "expert gate_up"))
 MX_TUNE_SHAPES = (("deepseek-v3", "expert gate_up"), ("gpt-oss", "expert gate_up"))
 GOALS = {"large_m": 1024, "vs_cublas_large": 1.0, "small_m": 64, "vs_cublas_small": 1.5, "decode_bw": 0.70, "decode_weight_mb": 30, "mx_vs_fp8": 0.8}
-MX_PATHS = ("mx", "w128", "mx-bf16")
+MX_PATHS = ("mx", "mx-bf16")
 
 
 def gemm_bytes(m: int, n: int, k: int, kind: str) -> float:
@@ -57,33 +57,31 @@ def gemm_bytes(m: int, n: int, k: int, kind: str) -> float:
 
 def gemm_weights(b: Bench, n: int, k: int) -> dict:
     """Every layout of one random weight [N, K] (std 0.02): fp8-block (float scales), MXFP8 (exact
-    from power-of-two fp8-block), its 128x128 requantization, bf16, and cuBLAS's layout."""
+    from power-of-two fp8-block), bf16, and cuBLAS's and DeepGEMM's layouts."""
     torch = b.torch
     from quantkit.formats import exact, fp8_block
-    from quantkit.kernels.gemm import deepgemm, mxfp8 as gemm_mxfp8, scaled_mm
+    from quantkit.kernels.gemm import deepgemm, scaled_mm
 
     w = torch.randn(n, k, device=b.device) * 0.02
     q, sw = fp8_block.quantize_weight(w)
     qp, swp = fp8_block.quantize_weight(w, "ue8m0")
     qm, sm = exact.fp8_block_pow2_to_mxfp8(qp, swp)
-    q128, s128 = gemm_mxfp8.requant_weight_128(qm, sm)
-    assert torch.equal(q128.view(torch.uint8), qp.view(torch.uint8)) and torch.equal(s128, swp), "MXFP8 -> 128x128 round trip"
     cw = scaled_mm.prepare_weight(q, sw) if scaled_mm.cublas_available(b.device).ok else None
     dw = deepgemm.prepare_weight(q, sw) if deepgemm.available(b.device).ok and n % 8 == 0 else None
-    return {"q": q, "sw": sw, "qm": qm, "sm": sm, "q128": q128, "s128": s128, "wb": w.to(torch.bfloat16), "cw": cw, "dw": dw}
+    return {"q": q, "sw": sw, "qm": qm, "sm": sm, "wb": w.to(torch.bfloat16), "cw": cw, "dw": dw}
 
 
 def gemm_acts(b: Bench, m: int, n: int, k: int, wt: dict) -> dict:
     """Activations [M, K] in both formats and the float32 references of both functions."""
     torch = b.torch
     from quantkit.formats import fp8_block, mxfp8
-    from quantkit.kernels.gemm import scaled_mm
+    from quantkit.kernels.gemm import gemm_ref
 
     x = torch.randn(m, k, device=b.device)
     a, sa = fp8_block.quantize_act(x)
     am, sam = mxfp8.quantize(x)
-    ref8 = scaled_mm.gemm_fp8_block_ref(a, sa, wt["q"], wt["sw"], None, torch.float32)
-    refmx = scaled_mm.gemm_mxfp8_ref(am, sam, wt["qm"], wt["sm"], None, torch.float32)
+    ref8 = gemm_ref.gemm_fp8_block_ref(a, sa, wt["q"], wt["sw"], None, torch.float32)
+    refmx = gemm_ref.gemm_mxfp8_ref(am, sam, wt["qm"], wt["sm"], None, torch.float32)
     return {"a": a, "sa": sa, "am": am, "sam": sam, "xb": x.to(torch.bfloat16), "ref8": ref8, "refmx": refmx}
 
 
@@ -92,6 +90,7 @@ def cublas_probe(b: Bench) -> None:
     torch = b.torch
     from quantkit.formats import fp8_block
     from quantkit.kernels.gemm import scaled_mm as sm
+    from quantkit.kernels.gemm.gemm_ref import gemm_fp8_block_ref
 
     q, sw = fp8_block.quantize_weight(torch.randn(256, 512, device=b.device) * 0.02)
     cw = sm.prepare_weight(q, sw)
@@ -101,7 +100,7 @@ def cublas_probe(b: Bench) -> None:
         ap, sac = sm.prepare_act(a, sa, 512, m_align=1)
         try:
             y = sm.scaled_mm_prepared(ap, sac, cw, None, torch.bfloat16)
-            verdict = close_check(sm.gemm_fp8_block_ref(a, sa, q, sw, None, torch.float32), GEMM_TOL)(y)
+            verdict = close_check(gemm_fp8_block_ref(a, sa, q, sw, None, torch.float32), GEMM_TOL)(y)
         except RuntimeError as err:
             verdict = f"error {str(err).splitlines()[0][:60]}"
         (ok if verdict.startswith("ok") else refused).append(m if verdict.startswith(("ok", "error")) else f"{m} ({verdict})")
@@ -114,12 +113,11 @@ def cublas_probe(b: Bench) -> None:
 
 
 def gemm_one(b: Bench, case: str, m: int, n: int, k: int, wt: dict) -> None:
-    """Main pass at one (shape, M): baselines, the Triton op's table, by-shape, the MXFP8 paths."""
+    """Main pass at one (shape, M): baselines, the selected Triton leaf, auto, the MXFP8 paths."""
     torch = b.torch
     from quantkit.formats import fp8_block
     from quantkit.kernels import dispatch
     from quantkit.kernels.gemm import scaled_mm
-    from quantkit.kernels.gemm import fp8_block as g8
     from quantkit.kernels.gemm import mxfp8 as gmx
 
     x = gemm_acts(b, m, n, k, wt)
@@ -134,19 +132,19 @@ def gemm_one(b: Bench, case: str, m: int, n: int, k: int, wt: dict) -> None:
         pad = f"M padded to {ap.shape[0]}" if ap.shape[0] != m else ""
         b.measure(fam, case, mnk, "cublas", lambda: scaled_mm.scaled_mm_prepared(ap, sa_c, wt["cw"], None, torch.bfloat16)[:m], flops, b8, fp8_peak, c8, pad, host=True)
         sa_mn = fp8_block.act_scales_mn(sa)  # as the engine's quantizers write them on a GPU (scale_mn)
-        b.measure(fam, case, mnk, "by-shape", lambda: dispatch.call("gemm_fp8_block", a, sa_mn, wt["q"], wt["sw"], backend="by-shape"),
-                  flops, b8, fp8_peak, c8, scaled_mm.by_shape_choice(m, n, k, b.device) + ", scales MN-major", host=True)  # fmt: skip
+        b.measure(fam, case, mnk, "auto", lambda: dispatch.call("gemm_fp8_block", a, sa_mn, wt["q"], wt["sw"]),
+                  flops, b8, fp8_peak, c8, f"{dispatch.choose('gemm_fp8_block', a, sa_mn, wt['q'], wt['sw'])}, scales MN-major", host=True)  # fmt: skip
     if wt["dw"] is not None:
         from quantkit.kernels.gemm import deepgemm
 
         ad, sad = deepgemm.prepare_act(a, sa)
-        note = deepgemm.launch_config(m, n, k, b.device).name()  # the config gemm_prepared picks, as by-shape's launches do
+        note = deepgemm.launch_config(m, n, k, b.device).name()  # the config gemm_prepared picks, as auto's launches do
         b.measure(fam, case, mnk, "deepgemm", lambda: deepgemm.gemm_prepared(ad, sad, wt["dw"]), flops, b8, fp8_peak, c8, note, host=True)
-    cfg = g8.fp8_block_config(a, sa, wt["q"], wt["sw"])
-    b.measure(fam, case, mnk, "triton", lambda: g8.gemm_fp8_block(a, sa, wt["q"], wt["sw"]), flops, b8, fp8_peak, c8, cfg.name(), host=True)
+    c = dispatch.choose("gemm_fp8_block", a, sa, wt["q"], wt["sw"], backend="triton")
+    b.measure(fam, case, mnk, "triton", lambda: c.run(a, sa, wt["q"], wt["sw"]), flops, b8, fp8_peak, c8, str(c), host=True)
+    cm = dispatch.choose("gemm_mxfp8", am, sam, wt["qm"], wt["sm"], backend="triton")
     mx_calls = {
-        "mx": (lambda: gmx.gemm_mxfp8(am, sam, wt["qm"], wt["sm"]), g8.pick_config(gmx.MXFP8_CONFIGS, m).name()),
-        "w128": (lambda: gmx.gemm_mxfp8_w128(am, sam, wt["q128"], wt["s128"]), g8.pick_config(gmx.W128_CONFIGS, m).name()),
+        "mx": (lambda: cm.run(am, sam, wt["qm"], wt["sm"]), str(cm)),
         "mx-bf16": (lambda: gmx.gemm_mxfp8_bf16(am, sam, wt["qm"], wt["sm"]), "dequant to bf16 + cuBLAS bf16 GEMM, f32 out"),
     }
     for path, (fn, note) in mx_calls.items():
@@ -162,7 +160,6 @@ def gemm_configs(b: Bench, case: str, m: int, n: int, k: int, wt: dict, cands: l
     run = {
         "fp8": (lambda c: g8.gemm_fp8_block(x["a"], x["sa"], wt["q"], wt["sw"], config=c), "fp8-block", "ref8"),
         "mx": (lambda c: gmx.gemm_mxfp8(x["am"], x["sam"], wt["qm"], wt["sm"], config=c), "mxfp8", "refmx"),
-        "w128": (lambda c: gmx.gemm_mxfp8_w128(x["am"], x["sam"], wt["q128"], wt["s128"], config=c), "mxfp8", "refmx"),
     }
     for path, c in cands:
         if b.out_of_time():
@@ -177,14 +174,14 @@ def gemm_bias_check(b: Bench, case: str, n: int, k: int, wt: dict) -> None:
     """The epilogue bias, once per shape, at M = 1 (small-M kernel, split-K) and M = 200 (tiles)."""
     torch = b.torch
     from quantkit.formats import fp8_block
-    from quantkit.kernels.gemm import fp8_block as g8
-    from quantkit.kernels.gemm import scaled_mm
+    from quantkit.kernels import dispatch
+    from quantkit.kernels.gemm.gemm_ref import gemm_fp8_block_ref
 
     bias = torch.randn(n, device=b.device).to(torch.bfloat16)
     for m in (1, 200):
         a, sa = fp8_block.quantize_act(torch.randn(m, k, device=b.device))
-        ref = scaled_mm.gemm_fp8_block_ref(a, sa, wt["q"], wt["sw"], bias, torch.float32)
-        verdict = close_check(ref, GEMM_TOL)(g8.gemm_fp8_block(a, sa, wt["q"], wt["sw"], bias))
+        ref = gemm_fp8_block_ref(a, sa, wt["q"], wt["sw"], bias, torch.float32)
+        verdict = close_check(ref, GEMM_TOL)(dispatch.call("gemm_fp8_block", a, sa, wt["q"], wt["sw"], bias, backend="triton"))
         b.add(Row("gemm", case, m, n, k, "triton+bias", None, None, None, None, None, None, verdict, "check only"))
         b.log(f"  {case:<26} M={m:<5} triton+bias    {verdict}")
 
@@ -246,13 +243,12 @@ def bench_gemm(b: Bench, args: argparse.Namespace, checkpoint: Callable[[], obje
         "(2880 -> 2944, so cuBLAS does 2.2% more work there; TFLOPS use the true K), scale_a column-major [M', K/128], "
         f"M' = M rounded up to {scaled_mm.CUBLAS_M_ALIGN} with zero rows (cuBLASLt refuses M = 1), scale_b [L4, ceil(N/128)] "
         "with strides (1, L4), L4 = ceil(K/128) rounded up to 4.",
-        "by-shape: the gemm_fp8_block op through the dispatcher (note: what it ran) on MN-major activation scales (the engine's "
+        "auto: the gemm_fp8_block op through the dispatcher (note: the leaf it ran) on MN-major activation scales (the engine's "
         "layout on a GPU), layout work per call included.",
-        "triton: quantkit gemm_fp8_block with its FP8_BLOCK_CONFIGS table (note: the config; 'skinny' = the small-M kernel); "
-        "mx: gemm_mxfp8 (MXFP8 emulated, MXFP8_CONFIGS); w128: MXFP8 weight requantized exactly to 128x128 at load, "
-        "activations keep 1x32 E8M0 scales (W128_CONFIGS); mx-bf16: both operands dequantized exactly to bf16, one cuBLAS "
-        "bf16 GEMM with float32 output. All three MX paths compute the same function.",
-        "Weights random N(0, 0.02^2); MXFP8 weights come from power-of-two fp8-block weights so the 128x128 path is exact.",
+        "triton: the Triton leaf the gemm_fp8_block selection picks with backend triton (note: the leaf and its config; gemm/tables.py); "
+        "mx: gemm_mxfp8's Triton leaf likewise; mx-bf16: both operands dequantized exactly to bf16, one cuBLAS "
+        "bf16 GEMM with float32 output. Both MX paths compute the same function.",
+        "Weights random N(0, 0.02^2); MXFP8 weights come from power-of-two fp8-block weights.",
     ]
     if b.cuda and scaled_mm.cublas_available(b.device).ok:
         cublas_probe(b)
@@ -302,15 +298,15 @@ def _best_mx(by: dict, case: str, m: int, timing: str) -> Row | None:
 
 
 def gemm_report(b: Bench) -> list[str]:
-    """Per-(shape, M) table, goal lines (graph and eager), by-shape and sweep suggestions."""
+    """Per-(shape, M) table, goal lines (graph and eager), crossover and sweep suggestions."""
     by, combos = _index(b)
     lines = [
         "| shape | N | K | M | bf16 ms | cuBLAS ms eager / graph | Triton ms eager / graph (TFLOPS, GB/s, roofline) | Triton host us | "
-        "Triton/cuBLAS eager / graph | by-shape graph ms (ran) | best MXFP8 graph ms | MX/Triton | DeepGEMM graph ms (TFLOPS, config) | Triton/DeepGEMM | checks ok |",
+        "Triton/cuBLAS eager / graph | auto graph ms (ran) | best MXFP8 graph ms | MX/Triton | DeepGEMM graph ms (TFLOPS, config) | Triton/DeepGEMM | checks ok |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for case, n, k, m in combos:
-        bf, cu, tr, bs, dg = (by.get((case, m, name)) for name in ("bf16", "cublas", "triton", "by-shape", "deepgemm"))
+        bf, cu, tr, bs, dg = (by.get((case, m, name)) for name in ("bf16", "cublas", "triton", "auto", "deepgemm"))
         mx = _best_mx(by, case, m, "t")
         checks = [r.check for r in b.rows if r.family == "gemm" and r.case == case and r.m == m and r.check != "-" and not r.backend.startswith("tune")]
         lines.append(
@@ -324,7 +320,7 @@ def gemm_report(b: Bench) -> list[str]:
     out = lines + [""]
     for timing, label in (("graph_ms", "CUDA graph"), ("ms", "eager")):
         out += _goal_lines(b, by, combos, timing, label)
-    return out + [""] + by_shape_suggestion(by, combos) + [""] + sweep_report(b)
+    return out + [""] + crossover_suggestion(by, combos) + [""] + sweep_report(b)
 
 
 def _ratio(num: Row | None, den: Row | None, timing: str) -> float | None:
@@ -336,7 +332,7 @@ def _ratio(num: Row | None, den: Row | None, timing: str) -> float | None:
 def _goal_lines(b: Bench, by: dict, combos: list, timing: str, label: str) -> list[str]:
     stats: dict[str, list] = {"large": [], "small": [], "small_bs": [], "bw": [], "mx": [], "auto": []}
     for case, n, k, m in combos:
-        cu, tr, bs = (by.get((case, m, name)) for name in ("cublas", "triton", "by-shape"))
+        cu, tr, bs = (by.get((case, m, name)) for name in ("cublas", "triton", "auto"))
         ratio, mx = _ratio(cu, tr, timing), _best_mx(by, case, m, timing)
         if ratio and m >= GOALS["large_m"]:
             stats["large"].append((ratio, case, m))
@@ -365,20 +361,17 @@ def _goal_lines(b: Bench, by: dict, combos: list, timing: str, label: str) -> li
         f"Goals, {label} times:",
         line("large", GOALS["vs_cublas_large"], f"Triton / cuBLAS time ratio at M >= {GOALS['large_m']} (goal >= {GOALS['vs_cublas_large']}x)"),
         line("small", GOALS["vs_cublas_small"], f"Triton / cuBLAS at M <= {GOALS['small_m']} (goal >= {GOALS['vs_cublas_small']}x)"),
-        line("small_bs", GOALS["vs_cublas_small"], f"by-shape (what serving runs) / cuBLAS at M <= {GOALS['small_m']} (goal >= {GOALS['vs_cublas_small']}x)"),
+        line("small_bs", GOALS["vs_cublas_small"], f"auto (what serving runs) / cuBLAS at M <= {GOALS['small_m']} (goal >= {GOALS['vs_cublas_small']}x)"),
         line("bw", GOALS["decode_bw"], f"Triton HBM share at M <= {GOALS['small_m']}, weights >= {GOALS['decode_weight_mb']} MB (goal >= {GOALS['decode_bw']:.0%})"),
         line("mx", GOALS["mx_vs_fp8"], f"best MXFP8 path / Triton FP8-block (goal >= {GOALS['mx_vs_fp8']}x)"),
-        line("auto", 0.95, "by-shape vs the faster of cuBLAS and Triton (1 = always the faster one)"),
+        line("auto", 0.95, "auto vs the faster of cuBLAS and Triton (1 = always the faster one)"),
     ]
 
 
-def by_shape_suggestion(by: dict, combos: list) -> list[str]:
-    """Per M, which side wins on how many shapes (graph times), and the table that follows."""
-    out = ["by-shape crossover (graph times; a backend wins a shape when its time is lower; 'cublas' is the prepared call, "
-           "while by-shape's cuBLAS re-lays out the scales on every call, so check the by-shape column before moving the table "
-           "towards cuBLAS):"]
-    pairs = (("triton", "cublas", "BY_SHAPE_FP8 (scaled_mm.py)"), ("deepgemm", "triton", "BY_SHAPE_FP8's deepgemm rows (scaled_mm.py)"),
-             ("mx", "mx-bf16", "BY_SHAPE_MX (gemm_mxfp8.py)"))
+def crossover_suggestion(by: dict, combos: list) -> list[str]:
+    """Per M, which side wins on how many shapes (graph times), and the table rows that follow."""
+    out = ["Crossovers (graph times; a path wins a shape when its time is lower):"]
+    pairs = (("deepgemm", "triton", "FP8_BLOCK_SM90's deepgemm rows (gemm/tables.py)"), ("mx", "mx-bf16", "MXFP8_ANY's dequant-bf16 row (gemm/tables.py)"))
     for fast, slow, table in pairs:
         wins: dict[int, tuple[int, int]] = {}
         for case, _, _, m in combos:
@@ -406,8 +399,8 @@ def sweep_report(b: Bench) -> list[str]:
         return []
     lines = ["Sweep (geomean ms over the swept shapes, best first; configs measured on every swept shape only; 'table' = the op's table today):"]
     suggest: dict[str, list[str]] = {}
-    table_backend = {"tune": "triton", "tune-mx": "mx", "tune-w128": "w128"}
-    for kind in ("tune", "tune-mx", "tune-w128"):
+    table_backend = {"tune": "triton", "tune-mx": "mx"}
+    for kind in ("tune", "tune-mx"):
         for m in sorted({r.m for r in tuned}):
             per: dict[str, list[Row]] = {}
             for r in tuned:
@@ -431,8 +424,8 @@ def sweep_report(b: Bench) -> list[str]:
 def gemm_short(b: Bench) -> list[str]:
     """Per M, over the shapes: geomean TFLOPS (graph times) of each backend and geomean time ratios."""
     by, combos = _index(b)
-    names = ("bf16", "cublas", "triton", "by-shape", "deepgemm")
-    out = [f"{'M':>5} | {'bf16':>6} | {'cuBLAS':>6} | {'Triton':>6} | {'by-shp':>6} | {'bestMX':>6} | {'Tri/cuB':>7} | {'(eager)':>7} | {'MX/Tri':>6} | {'TriGB/s':>7} | {'host us':>7} | {'DeepGEMM':>8} | {'Tri/DG':>6}   (geomean TFLOPS over shapes, graph times)"]
+    names = ("bf16", "cublas", "triton", "auto", "deepgemm")
+    out = [f"{'M':>5} | {'bf16':>6} | {'cuBLAS':>6} | {'Triton':>6} | {'auto':>6} | {'bestMX':>6} | {'Tri/cuB':>7} | {'(eager)':>7} | {'MX/Tri':>6} | {'TriGB/s':>7} | {'host us':>7} | {'DeepGEMM':>8} | {'Tri/DG':>6}   (geomean TFLOPS over shapes, graph times)"]
     for m in sorted({c[3] for c in combos}):
         cases = [c[0] for c in combos if c[3] == m]
         row = {name: [by[(c, m, name)] for c in cases if (c, m, name) in by] for name in names}
@@ -445,6 +438,6 @@ def gemm_short(b: Bench) -> list[str]:
         gbs = geomean([r.gbs for r in row["triton"]])
         host = geomean([r.host_us for r in row["triton"]])
         r_dg = geomean([_ratio(by.get((c, m, "deepgemm")), by.get((c, m, "triton")), "graph_ms") for c in cases if (c, m, "deepgemm") in by])
-        out.append(f"{m:>5} | {tf['bf16']:6.0f} | {tf['cublas']:6.0f} | {tf['triton']:6.0f} | {tf['by-shape']:6.0f} | {mx_tf:6.0f} | {r_g:7.2f} | {r_e:7.2f} | {r_mx:6.2f} | {gbs:7.0f} | {host:7.0f} | "
+        out.append(f"{m:>5} | {tf['bf16']:6.0f} | {tf['cublas']:6.0f} | {tf['triton']:6.0f} | {tf['auto']:6.0f} | {mx_tf:6.0f} | {r_g:7.2f} | {r_e:7.2f} | {r_mx:6.2f} | {gbs:7.0f} | {host:7.0f} | "
                    f"{fmt(tf['deepgemm'], 0):>8} | {fmt(r_dg, 2):>6}")
     return out

@@ -42,14 +42,12 @@ def persistent_candidates(m: int) -> list:
 
 
 def mx_candidates(m: int) -> list[tuple[str, object]]:
-    """(path, config) for the MXFP8 sweep: emulated MX and the 128x128 weight."""
+    """(path, config) for the MXFP8 sweep."""
     from quantkit.kernels.gemm.block_scaled import Config as C
     from quantkit.kernels.gemm.skinny import SkinnyConfig as S
 
     if m <= 64:
-        return [(p, c) for p in ("mx", "w128") for c in (S(64), S(64, upcast=True), S(64, waves=1, upcast=True), S(128, num_warps=8, waves=2, upcast=True),
+        return [(p, c) for p in ("mx",) for c in (S(64), S(64, upcast=True), S(64, waves=1, upcast=True), S(128, num_warps=8, waves=2, upcast=True),
                                                          S(128, num_warps=8), S(64, waves=8, min_kb=1))]  # fmt: skip
     return [("mx", C(64, 128, upcast=True, tma=True)), ("mx", C(128, 128, upcast=True, tma=True, num_warps=8)), ("mx", C(64, 128, upcast=True, num_stages=4)),
-            ("w128", C(128, 128, upcast=True, tma=True, num_warps=8)),
-            ("mx", C(64, 128, tma=True)), ("w128", C(64, 128, tma=True)), ("w128", C(64, 128, upcast=True, tma=True)),
-            ("w128", C(128, 128, tma=True, num_warps=8))]  # fmt: skip
+            ("mx", C(64, 128, tma=True))]  # fmt: skip

@@ -14,7 +14,7 @@ On a CUDA device every row is checked against the torch reference of its op, the
   figure for small M;
 * host: Python wall time per call of the launch alone (the GPU queue never fills).
 
-GEMM runs a main pass (every shape and M with the baselines, the op's config tables, ``by-shape``
+GEMM runs a main pass (every shape and M with the baselines, the op's config tables, ``auto``
 and the MXFP8 paths), then ``--sweep quick`` (default) times candidate configs on representative
 shapes with the time left in ``--budget-s`` (graph timing only) and prints the best per M as
 config-table rows to paste.  Without CUDA (``--device cpu``, a smoke test of this script): the

@@ -23,7 +23,7 @@ H200's bf16 ridge (989 TFLOPS / 4.8 TB/s ~ 206): at the full head count MLA deco
 compute-bound (with H / tp heads per rank it is memory-bound), so "roofline" (bench_common:
 max(bytes / HBM, FLOPs / bf16 peak) / time) is the fairer share.  Then, while the budget
 lasts, Triton launch configurations (block_h, block_n, warps, stages) at three points: the
-MLAConfig defaults come from here.
+rows of quantkit/kernels/mla/tables.py come from here.
 
 ``--device cpu`` is a smoke test of this script: Triton's interpreter on tiny shapes.  Writes
 OUT/bench.log as it goes, OUT/results.jsonl (one row per timing), OUT/results.md; prints the
@@ -219,7 +219,7 @@ def main() -> None:
     gpu, peaks, versions = environment(torch, device)
     b = Bench(torch, device, gpu, peaks, args.out, args.warmup_ms, args.rep_ms, time.monotonic() + args.budget_s)
     sh = CPU_SHAPES if device.type == "cpu" else Shapes()
-    fi, fi_backends = load_flashinfer(b.cuda, args.fi_backends, versions, "mla_flashinfer")
+    fi, fi_backends = load_flashinfer(b.cuda, args.fi_backends, versions, "mla.flashinfer")
     b.log(f"bench_mla: {gpu} {versions}")
     t0 = time.monotonic()
     b.log(f"## decode ({left(b):.0f} s left)")

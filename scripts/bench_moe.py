@@ -65,15 +65,14 @@ CPU_MODELS = {  # interpreter smoke run: same rules and layouts, tiny dims (K = 
 }
 DECODE_T, PREFILL_T, CHECK_T = (1, 4, 16, 64, 128), (8192,), (1, 4, 16, 64, 128, 8192)
 CPU_T, CPU_CHECK_T = (1, 9), (1, 9)
-CPU_SWEEP = ((9, ((16, 32, 32, 4, 4, True),)),)
+CPU_SWEEP = ((9, ((16, 32, 32, 4, 4),)),)
 GOALS = {"decode_hbm": 0.60, "prefill_fp8_peak": 0.50, "vs_loop": 3.0}
-SWEEP = (  # (T, configs: (block_m, block_n1, block_n2, warps, stages, fuse_quant[, split_k: 0 auto, 1 none])); the table's own are timed in the main pass
-    (1, ((16, 64, 64, 4, 4, True, 0), (16, 64, 64, 4, 4, False, 0), (16, 64, 128, 4, 4, False, 1), (16, 64, 128, 4, 3, False, 0),
-         (16, 128, 128, 4, 4, False, 0), (16, 32, 64, 4, 4, False, 0))),
-    (4, ((16, 64, 64, 4, 4, True, 0), (16, 64, 64, 4, 4, False, 0), (16, 64, 128, 4, 3, False, 0), (16, 128, 128, 4, 4, False, 0))),
-    (16, ((16, 64, 64, 4, 4, True, 0), (16, 64, 64, 4, 4, False, 0), (16, 64, 128, 4, 3, False, 0), (16, 128, 128, 4, 4, False, 0))),
-    (128, ((16, 32, 32, 4, 4, True), (16, 64, 64, 4, 4, False), (32, 64, 64, 4, 4, False))),
-    (8192, ((128, 64, 128, 8, 3, False), (64, 64, 128, 4, 3, False), (64, 128, 128, 8, 3, False), (128, 64, 128, 8, 4, False))),
+SWEEP = (  # (T, configs: (block_m, block_n1, block_n2, warps, stages)); the table's own are timed in the main pass
+    (1, ((16, 64, 64, 4, 4), (16, 64, 128, 4, 3), (16, 128, 128, 4, 4), (16, 32, 64, 4, 4))),
+    (4, ((16, 64, 64, 4, 4), (16, 64, 128, 4, 3), (16, 128, 128, 4, 4))),
+    (16, ((16, 64, 64, 4, 4), (16, 64, 128, 4, 3), (16, 128, 128, 4, 4))),
+    (128, ((16, 32, 32, 4, 4), (16, 64, 64, 4, 4), (32, 64, 64, 4, 4))),
+    (8192, ((128, 64, 128, 8, 3), (64, 64, 128, 4, 3), (64, 128, 128, 8, 3), (128, 64, 128, 8, 4))),
 )
 
 
@@ -230,7 +229,7 @@ def bench_model(b: Bench, m: Model, qfmt: str, ts: tuple, check_ts: tuple, sweep
                 if t not in refs or b.out_of_time():
                     continue
                 x, wts, ids, ref = refs[t]
-                cfg = MoeConfig(*c[:5], upcast=qfmt == "mxfp8" and c[0] >= 64, fuse_quant=c[5], split_k=c[6] if len(c) > 6 else 0)
+                cfg = MoeConfig(*c[:5], upcast=qfmt == "mxfp8" and c[0] >= 64)
                 flops = 2.0 * t * m.top_k * 3 * m.h * m.inter
                 nbytes = hit_bytes(torch, ids, w13, w2) + 4.0 * t * m.h
                 b.measure("moe-sweep", f"{m.name} {qfmt}", (t, m.h, m.inter), cfg.name(),
@@ -247,7 +246,7 @@ def deepgemm_gemms(b: Bench, ex: Experts, case: str, mnk: tuple, x, ids, flops: 
     from quantkit.formats import fp8_block
     from quantkit.kernels.gemm import deepgemm
     from quantkit.kernels.moe.routing import align_torch
-    from quantkit.kernels.gemm.scaled_mm import gemm_fp8_block_ref
+    from quantkit.kernels.gemm.gemm_ref import gemm_fp8_block_ref
 
     if not deepgemm.available(b.device).ok:
         return

@@ -1,6 +1,6 @@
 """Fused MoE at few tokens, launch by launch: device times (torch.profiler, L2 flushed before each
-call, median of 10) of the default config and variants (stages, warps, split-K, tiles, K step, fused
-quantization) for GPT-OSS-120B and DeepSeek-V3 FP8-block experts (bench_moe's random experts and
+call, median of 10) of the default config and variants (stages, warps, split-K, tiles, K step)
+for GPT-OSS-120B and DeepSeek-V3 FP8-block experts (bench_moe's random experts and
 routing), against the dense small-M FP8-block GEMM streaming the same expert bytes as one weight.
 
     python scripts/profile_moe.py [--tokens 1 4 16]
@@ -20,8 +20,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_common import read_flush  # noqa: E402
 from bench_moe import MODELS, model_experts, tokens  # noqa: E402  (same experts and batches as the benchmark)
 
-VARIANTS = ({}, {"num_stages": 2}, {"num_stages": 3}, {"num_stages": 6}, {"split_k": 1}, {"num_warps": 2}, {"num_warps": 8},
-            {"block_n1": 32, "block_n2": 32}, {"block_n1": 128, "block_n2": 128}, {"fuse_quant": None}, {"waves": 4}, {"waves": 16},
+VARIANTS = ({}, {"num_stages": 2}, {"num_stages": 3}, {"num_stages": 6}, {"num_warps": 2}, {"num_warps": 8},
+            {"block_n1": 32, "block_n2": 32}, {"block_n1": 128, "block_n2": 128}, {"waves": 4}, {"waves": 16},
             {"block_k": 256, "num_stages": 3}, {"block_k": 128, "num_stages": 4})  # fmt: skip
 HBM_BYTES_US = 4.8e6  # bytes per microsecond at 4.8 TB/s
 
@@ -60,7 +60,8 @@ def dense_us(torch, flush, n: int, k: int, t: int) -> float:
 
 
 def profile_model(torch, name: str, token_counts: list[int], flush) -> None:
-    from quantkit.kernels.moe.fused_moe import fused_moe, pick_moe_config
+    from quantkit.kernels.moe.fused_moe import fused_moe
+    from quantkit.kernels.moe.select import select_call
 
     m, dev = MODELS[name], torch.device("cuda")
     ex = model_experts(torch, "fp8-block", m, dev)
@@ -69,10 +70,9 @@ def profile_model(torch, name: str, token_counts: list[int], flush) -> None:
         x, wts, ids = tokens(torch, ex, t, dev)
         hit = int(torch.unique(ids).numel())
         b1, b2 = hit * w13.q[0].numel(), hit * w2.q[0].numel()
-        base = pick_moe_config(t * m.top_k, m.e, "fp8-block")
+        base = select_call(x, wts, ids, w13, w2, spec).config
         print(f"== {name} T={t}: {hit} experts; GEMM 1 {b1 / 1e6:.1f} MB, GEMM 2 {b2 / 1e6:.1f} MB; default {base.name()}", flush=True)
         for kw in VARIANTS:
-            kw = {**kw, "fuse_quant": not base.fuse_quant} if "fuse_quant" in kw else kw
             cfg = replace(base, **kw)
             rows = launches(torch, lambda cfg=cfg, x=x, wts=wts, ids=ids: fused_moe(x, wts, ids, w13, w2, spec, config=cfg), flush)
             g1, g2 = (us for name_, us in rows if "gemm_kernel" in name_)  # gathered or sorted rows

@@ -67,7 +67,7 @@ def sweep_case(torch, trid, sh: Shapes, b: int, ctx: int, calls: int, deadline: 
         run = lambda cfg=cfg: trid.attention_decode(q, kc, vc, bt, lens, PAGE, scale, sinks, None, config=cfg)  # noqa: E731
         verdict = check(run())
         ms = graph_ms(torch, run, calls)
-        used = splits or trid.num_splits(b, sh.hkv, ctx, bn, q.device, cfg.programs_per_sm, cfg.max_splits)
+        used = trid.choose(q, kc, vc, bt, lens, PAGE, scale, sinks, None, config=cfg).config.num_splits
         hbm = 2.0 * b * ctx * sh.hkv * 2 * sh.d / (ms * 1e-3) / HBM_BYTES_S
         rows.append({"b": b, "ctx": ctx, "cfg": cfg.name(), "splits": used, "ms": ms, "hbm": hbm, "check": verdict})
     return rows

@@ -43,7 +43,8 @@ def main() -> None:
     p.add_argument("--tokens", nargs="+", type=int, default=[1, 8, 32, 64, 128, 256])
     args = p.parse_args()
     torch, device = start_device(args)
-    from quantkit.kernels.moe.fused_moe import MoeConfig, fused_moe, pick_moe_config
+    from quantkit.kernels.moe.fused_moe import MoeConfig, fused_moe
+    from quantkit.kernels.moe.select import select_call
     from quantkit.kernels.moe.fused_moe_ref import fused_moe_ref
 
     gpu, peaks, versions = environment(torch, device)
@@ -63,7 +64,7 @@ def main() -> None:
             ref = fused_moe_ref(x, wts, ids, ex.w13, ex.w2, ex.spec)
             nbytes = hit_bytes(torch, ids, ex.w13, ex.w2) + 4.0 * t * m.h
             flops = 2.0 * t * m.top_k * 3 * m.h * m.inter
-            table = pick_moe_config(t * m.top_k, m.e, "fp8-block", ex.spec.interleaved)
+            table = select_call(x, wts, ids, ex.w13, ex.w2, ex.spec).config
             cfgs = [("table " + table.name(), table)]
             cfgs += [(c.name(), c) for c in (MoeConfig(*v[:5], block_k=v[5], pdl=v[6]) for v in cands) if c != table]
             rows = []

@@ -59,7 +59,9 @@ def sweep_one(fmt: str, m, t: int, peak: float, out_of_time, sorted_only: bool =
     import triton
     from bench_moe import model_experts, tokens
 
-    from quantkit.kernels.moe.fused_moe import PREFILL_TILED, MoeConfig, fused_moe, pick_moe_config
+    from quantkit.kernels.moe.fused_moe import MoeConfig, fused_moe
+    from quantkit.kernels.moe.select import select_call
+    from quantkit.kernels.moe.tables import PREFILL_TILED
 
     dev = torch.device("cuda")
     ex = model_experts(torch, fmt, m, dev)
@@ -73,7 +75,7 @@ def sweep_one(fmt: str, m, t: int, peak: float, out_of_time, sorted_only: bool =
     def timed(cfg) -> float:
         return triton.testing.do_bench(lambda: run(cfg), warmup=25, rep=200)
 
-    base = pick_moe_config(t * m.top_k, m.e, fmt, spec.interleaved)
+    base = select_call(x, wts, ids, w13, w2, spec).config
     ref = run(base).float()
     tb = timed(base)
     print(f"== {fmt} {m.name} T={t}: table {base.name()} {tb:.3f} ms {flops / tb / 1e9:.0f} TFLOPS ({flops / tb / 1e9 / peak:.0%} of peak)", flush=True)

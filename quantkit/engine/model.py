@@ -130,13 +130,13 @@ class CausalLM(nn.Module):
         return {tuple(w.shape) for w in weights if w.act is not None}
 
     def prepare_kernels(self, workers: int = 8) -> list[str]:
-        """Compile ahead the DeepGEMM kernels ``by-shape`` will run for this model's GEMMs (a server's warm-up:
+        """Compile ahead the DeepGEMM kernels ``auto`` will run for this model's GEMMs (a server's warm-up:
         otherwise the first batch of each size range waits about 4-5 s per kernel for nvcc).  Nothing where
-        the dispatcher does not choose by-shape for ``gemm_fp8_block`` or DeepGEMM is not available.  The
-        failed builds' messages (by-shape runs Triton for those)."""
-        from ..kernels.gemm import deepgemm, scaled_mm
+        ``gemm_fp8_block`` is not asked for ``auto`` or DeepGEMM is not available.  The failed builds'
+        messages (Triton runs for those)."""
+        from ..kernels.gemm import deepgemm, select
 
         ops = getattr(self, "ops", None)  # set by the loader
-        if self.device.type != "cuda" or ops is None or ops.which("gemm_fp8_block", self.device) != "by-shape":
+        if self.device.type != "cuda" or ops is None or ops.want("gemm_fp8_block") != "auto":
             return []
-        return deepgemm.prebuild(scaled_mm.deepgemm_jobs(self.gemm_shapes(), self.device), workers)
+        return deepgemm.prebuild(select.deepgemm_jobs(self.gemm_shapes(), self.device), workers)

@@ -16,8 +16,8 @@ dequantized (:mod:`quantkit.formats`), the weight is dequantized, and the produc
 DeepSeek's fp8_gemm (per-tile f32 partial sums times both scales) up to f32 summation order.
 
 Ops per weight (each through a :class:`quantkit.kernels.dispatch.Dispatcher`, the weight's
-``ops``; the loader gives all weights of a model one, so ``model.ops.ran`` says which backend ran
-each op -- the formats references on CPU, Triton / cuBLAS on GPUs):
+``ops``; the loader gives all weights of a model one, so ``model.ops.ran`` names the kernel each op ran
+last -- the formats references on CPU; on GPUs the leaf its selection chose, e.g. ``triton.wgmma``):
 
 | weight                          | ops                                                            |
 |---------------------------------|----------------------------------------------------------------|

@@ -1,36 +1,17 @@
-"""Kernels: the one dispatch point (:mod:`.dispatch`) and the backends registered with it, in subpackages by op.
-
-Each op is defined by its pure-torch reference (``<op>_ref`` beside the op, or :mod:`quantkit.formats` through
-:mod:`.quant.quant_ref`); importing a kernel module registers its backend for the ops it implements.
-
-| subpackage      | ops                                                                                   |
-|-----------------|---------------------------------------------------------------------------------------|
-| :mod:`.gemm`    | gemm_fp8_block, gemm_mxfp8 (Triton tiles, skinny, wgmma; cuBLAS ``scaled_mm``; DeepGEMM) |
-| :mod:`.moe`     | fused_moe (decode steps, sorted-token prefill, wgmma), router_topk                      |
-| :mod:`.attention` | attention_prefill, attention_decode (Triton; FlashInfer explicit only), rope_rotate, rope_cache_write |
-| :mod:`.mla`     | mla_decode (Triton; FlashInfer)                                                         |
-| :mod:`.quant`   | mxfp4_decode, fp8_block_quantize_weight, mxfp8_quantize, act_quant_*, rmsnorm/silu_mul/swiglu_act_quant |
-| :mod:`.norm`    | add_rmsnorm                                                                             |
-
-Use::
-
-    from quantkit.kernels import dispatch
-    q, s = dispatch.call("fp8_block_quantize_weight", w, "ue8m0", backend="auto")
-    dispatch.which("fp8_block_quantize_weight", w.device)   # -> "triton" on CUDA, "torch" on CPU
-
-Triton kernels run compiled on CUDA devices.  With ``TRITON_INTERPRET=1`` set before this package is imported
-(Triton reads it), they run in Triton's CPU interpreter, but only when a caller asks for ``backend="triton"``
-explicitly; ``auto`` never picks the interpreter.
+"""Kernels by op (gemm, moe, attention, mla, quant, norm), each op's torch reference beside it as ``<op>_ref``,
+and the one dispatch point (:mod:`.dispatch`); importing a kernel module registers its backend.
+``quantkit kernels`` prints which leaf runs for each op and shape, and why.  Triton kernels run compiled on CUDA
+devices, or in Triton's interpreter (``TRITON_INTERPRET=1`` before import) when asked for explicitly.
 """
 
 from __future__ import annotations
 
 from importlib import import_module
 
-# the torch references: every op's "torch" backend, registered before any faster one
+# the references first: a backend registers under an op that has one
 from . import dispatch
 from .attention import attention_ref, rope_ref  # noqa: F401
-from .gemm import scaled_mm  # noqa: F401
+from .gemm import gemm_ref  # noqa: F401
 from .mla import mla_ref  # noqa: F401
 from .moe import fused_moe_ref, router_ref  # noqa: F401
 from .norm import add_rmsnorm_ref  # noqa: F401
@@ -44,9 +25,8 @@ try:
 except ImportError as err:
     dispatch.register_missing("triton", f"triton is not importable ({err})")
 else:  # the "triton" backends
-    for _m in ("attention.decode", "attention.prefill", "attention.rope", "gemm.fp8_block", "gemm.mxfp8", "mla.decode", "moe.fused_moe",
+    for _m in ("attention.decode", "attention.prefill", "attention.rope", "gemm.select", "mla.decode", "moe.fused_moe",
                "moe.router", "norm.add_rmsnorm", "quant.fp8_block_quant", "quant.fused_act_quant", "quant.group_quant", "quant.mxfp4_decode"):
         import_module(f"{__name__}.{_m}")
 
-for _m in ("attention.flashinfer", "gemm.deepgemm", "mla.flashinfer"):  # registered where their packages import (DeepGEMM compiles on first use)
-    import_module(f"{__name__}.{_m}")
+import_module(f"{__name__}.mla.flashinfer")  # registers where FlashInfer imports

@@ -1,30 +1,19 @@
 """The one kernel dispatch point: an op name maps to backends that compute the same function.
 
-Every op is defined by its pure-torch reference from :mod:`quantkit.formats`, registered as
-backend ``"torch"`` (available on every device).  Faster backends (``"triton"``, later
-``"cublas"``, ``"flashinfer"``) register under the same op with an availability predicate and a
-priority; they must return exactly what the reference returns (bit for bit where the op is exact).
+Each op's pure-torch reference is backend ``"torch"`` (every device).  Faster backends register under the op with
+an availability predicate and a priority, and return what the reference returns (bit for bit where it is exact).
 
-    dispatch.call("mxfp4_decode", blocks, scales, torch.bfloat16, backend="auto")
-
-* ``backend="auto"`` runs the highest-priority backend that is available *for auto* on the
-  device of the op's first tensor argument (the torch reference when nothing faster is).
-* an explicit backend that is unknown or unavailable raises :class:`BackendUnavailable`, with
-  the predicate's reason; there is no silent fallback.
-* a backend with several kernels (tile shapes, a skinny GEMV, DeepGEMM ...) registers one selection function
-  (``select``): given the call's arguments it returns the :class:`Choice` -- the leaf kernel, its config and the
-  one-line rule that picked it -- and the leaf runs; nothing below it chooses again.
-* :func:`which` says, without running anything, which backend a call on a device would use, or, given the
-  call's arguments, which leaf kernel; :func:`choose` returns the whole :class:`Choice`; :class:`Dispatcher` is an
-  explicit object that runs ops and remembers which leaf ran (``ran``).
-* :func:`kernel_map` lists, per op, the leaf each representative call runs on a :class:`Target` (``quantkit
-  kernels`` prints it), from the map functions the subpackages register (:func:`register_map`).
-
-The registry (:data:`REGISTRY`) is the only module-level state.
+* ``backend="auto"`` runs the highest-priority backend available for auto on the device of the first tensor
+  argument; an explicit backend that is unknown or unavailable raises :class:`BackendUnavailable` (no fallback).
+* A backend of several kernels registers one selection function (``select``; ``auto_select`` where auto may also
+  pick another backend's kernel): call arguments -> :class:`Choice` (leaf kernel, config, rule).  The leaf runs;
+  nothing below it chooses again.  ``Dispatcher.ran`` and :func:`which` given the operands name the leaf.
+* :func:`kernel_map`: the leaf of each op's representative calls on a :class:`Target` (``quantkit kernels``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -58,13 +47,12 @@ def always(device: torch.device) -> Availability:
 
 @dataclass(frozen=True)
 class Choice:
-    """The leaf kernel one call runs: its name (``"<backend>"`` or ``"<backend>.<kernel>"``), its launch config (a
-    tuning table's row; None where the kernel has one launch) and the rule that chose it, in one line."""
+    """The leaf one call runs (``"<backend>"`` or ``"<backend>.<kernel>"``), its config and the rule that chose it."""
 
     kernel: str
     config: Any = None
     reason: str = ""
-    run: Callable[..., Any] | None = field(default=None, compare=False, repr=False)  # the leaf, config bound; None: the backend's fn
+    run: Callable[..., Any] | None = field(default=None, compare=False, repr=False)  # the leaf, config bound
 
     def __str__(self) -> str:
         return self.kernel + (f" [{self.config}]" if self.config is not None else "")
@@ -77,13 +65,17 @@ class Backend:
     fn: Callable[..., Any]
     available: Callable[[torch.device], Availability]
     priority: int  # auto runs the highest-priority backend available for auto
-    select: Callable[..., Choice] | None = None  # the op's selection function for this backend (call arguments -> Choice)
+    select: Callable[..., Choice] | None = None  # call arguments -> Choice
+    auto_select: Callable[..., Choice] | None = None  # the same under auto (None: select); may pick other backends' leaves
+
+    @functools.cached_property
+    def for_auto(self) -> Backend:
+        return self if self.auto_select is None else dataclasses.replace(self, select=self.auto_select, auto_select=None)
 
     def choose(self, *args: Any, **kwargs: Any) -> Choice:
         return self.select(*args, **kwargs) if self.select is not None else Choice(self.name, reason="the backend's only kernel")
 
     def run(self, *args: Any, **kwargs: Any) -> tuple[str, Any]:
-        """(the leaf kernel that ran, its result)."""
         if self.select is None:
             return self.name, self.fn(*args, **kwargs)
         c = self.select(*args, **kwargs)
@@ -92,22 +84,19 @@ class Backend:
 
 @dataclass(frozen=True)
 class Target:
-    """What a selection function may ask of a device: its type, compute capability, SM count, and which optional
-    backends it has (None: ask the device).  A named target (:data:`TARGETS`) lets any machine print the map of a
-    device it does not have."""
+    """What a selection function may ask of a device.  A named one (:data:`TARGETS`) maps a device not present."""
 
     type: str
     capability: tuple[int, int] = (0, 0)
     sms: int = 8
     name: str = ""
-    optional: frozenset[str] | None = None  # e.g. {"deepgemm", "flashinfer"}; None: probe the device
+    optional: frozenset[str] | None = None  # optional backends present; None: ask the registry
 
     @property
     def sm90(self) -> bool:
         return self.type == "cuda" and self.capability == (9, 0)
 
     def has(self, backend: str, device: torch.device | None = None, op: str | None = None) -> bool:
-        """Whether an optional backend runs here: the named set, else the registry's predicate on ``device``."""
         if self.optional is not None:
             return backend in self.optional
         if device is None or op is None:
@@ -121,7 +110,7 @@ TARGETS = {"h200": Target("cuda", (9, 0), 132, "NVIDIA H200", frozenset({"deepge
 
 @dataclass(frozen=True)
 class MapRow:
-    """One line of the kernel map: an op, the case (format, shape), the M bucket, and the :class:`Choice`."""
+    """One line of the kernel map."""
 
     op: str
     case: str
@@ -131,11 +120,11 @@ class MapRow:
 
 @dataclass(eq=False)  # compared by identity, usable as a default
 class Registry:
-    """op -> backend name -> :class:`Backend`; plus backends that could not be loaded at all."""
+    """op -> backend name -> :class:`Backend`; backends that could not load; op -> its map function."""
 
     ops: dict[str, dict[str, Backend]] = field(default_factory=dict)
-    missing: dict[str, str] = field(default_factory=dict)  # backend name -> why it is absent
-    maps: dict[str, Callable[[Target], list[MapRow]]] = field(default_factory=dict)  # op -> its kernel map
+    missing: dict[str, str] = field(default_factory=dict)
+    maps: dict[str, Callable[[Target], list[MapRow]]] = field(default_factory=dict)
 
     def add(self, b: Backend) -> None:
         if b.name == AUTO:
@@ -154,17 +143,15 @@ class Registry:
             raise KeyError(f"unknown op {op!r}; known: {', '.join(sorted(self.ops))}") from None
 
     def ranked(self, op: str) -> list[Backend]:
-        """Backends of ``op``, highest priority first."""
         return sorted(self.table(op).values(), key=lambda b: -b.priority)
 
     def resolve(self, op: str, device: torch.device | str, backend: str = AUTO) -> Backend:
-        """The backend a call of ``op`` on ``device`` runs; raises when an explicit one cannot."""
         device = torch.device(device)
         if backend == AUTO:
             for b in self.ranked(op):
                 a = b.available(device)
                 if a.ok and a.auto:
-                    return b
+                    return b.for_auto
             raise BackendUnavailable(f"op {op!r}: no backend available on {device}")
         table = self.table(op)
         if backend not in table:
@@ -189,20 +176,20 @@ def register(
     available: Callable[[torch.device], Availability] = always,
     priority: int = 0,
     select: Callable[..., Choice] | None = None,
+    auto_select: Callable[..., Choice] | None = None,
     registry: Registry = REGISTRY,
 ) -> Backend:
-    b = Backend(op, name, fn, available, priority, select)
+    b = Backend(op, name, fn, available, priority, select, auto_select)
     registry.add(b)
     return b
 
 
 def register_map(op: str, fn: Callable[[Target], list[MapRow]], registry: Registry = REGISTRY) -> None:
-    """``fn(target)``: the map rows of ``op`` (its representative calls and the leaf each runs) on a target."""
     registry.maps[op] = fn
 
 
 def kernel_map(target: Target, registry: Registry = REGISTRY) -> list[MapRow]:
-    """Every registered op's map rows on ``target``; an op without a map function is one row, its auto backend."""
+    """The rows of every op that registered a map function."""
     rows: list[MapRow] = []
     for op in sorted(registry.ops):
         if op in registry.maps:
@@ -218,7 +205,6 @@ def _target(device: torch.device) -> Target:
 
 
 def target(device: torch.device | str) -> Target:
-    """The :class:`Target` of a device (asked once per device)."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -226,7 +212,6 @@ def target(device: torch.device | str) -> Target:
 
 
 def backend(op: str, name: str, **kw: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator form of :func:`register`; returns the function unchanged."""
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         register(op, name, fn, **kw)
@@ -236,7 +221,6 @@ def backend(op: str, name: str, **kw: Any) -> Callable[[Callable[..., Any]], Cal
 
 
 def register_missing(name: str, reason: str, registry: Registry = REGISTRY) -> None:
-    """Record that backend ``name`` could not be loaded (e.g. its package does not import)."""
     registry.missing[name] = reason
 
 
@@ -245,7 +229,6 @@ def ops() -> list[str]:
 
 
 def backends(op: str) -> list[str]:
-    """Registered backends of ``op``, highest priority first."""
     return [b.name for b in REGISTRY.ranked(op)]
 
 
@@ -255,8 +238,7 @@ def _capability(index: int) -> tuple[int, int]:
 
 
 def capability(device: torch.device) -> tuple[int, int]:
-    """(major, minor) of a CUDA device, asked of the driver once per device (launchers ask on
-    every call: torch's own query costs several microseconds of host time each)."""
+    """Cached per device: torch's query costs microseconds of host time, and launchers ask on every call."""
     return _capability(torch.cuda.current_device() if device.index is None else device.index)
 
 
@@ -264,8 +246,7 @@ SM90_SMEM = 232448  # bytes of dynamic shared memory one block may use on sm_90
 
 
 def wave_key(tiles: int, sms: int) -> tuple[int, int]:
-    """How ``tiles`` equal programs fill ``sms`` SMs, smaller is better: (waves, minus the programs of the last
-    wave) -- DeepGEMM's tile rule, fewest waves then the fullest last one."""
+    """Sort key of a tiling on ``sms`` SMs: fewest waves, then the fullest last wave (DeepGEMM's rule)."""
     return -(-tiles // sms), -(tiles % sms or sms)
 
 
@@ -275,8 +256,7 @@ def _sm_count(index: int) -> int:
 
 
 def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device, asked once per device (grid sizing); 8 elsewhere, so
-    the CPU interpreter's small grids still exercise split-K and split-KV paths."""
+    """SMs of a CUDA device (cached); 8 elsewhere, so the interpreter's small grids still split K and KV."""
     device = torch.device(device)
     if device.type != "cuda":
         return 8
@@ -291,42 +271,35 @@ def device_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device:
 
 
 def which(op: str, device: Any, *args: Any, backend: str = AUTO, **kwargs: Any) -> str:
-    """Given a device: the backend that ``call(op, ..., backend=backend)`` runs for tensors on it.  Given the call's
-    arguments instead (``which(op, a, a_scale, w, ...)``): the leaf kernel it runs (:attr:`Choice.kernel`)."""
+    """The backend a call on ``device`` runs; given the call's arguments instead, the leaf kernel."""
     if isinstance(device, torch.Tensor) or args or kwargs:
         return choose(op, device, *args, backend=backend, **kwargs).kernel
     return REGISTRY.resolve(op, device, backend).name
 
 
 def choose(op: str, *args: Any, backend: str = AUTO, **kwargs: Any) -> Choice:
-    """The :class:`Choice` that ``call(op, *args, backend=backend, **kwargs)`` runs, without running it."""
+    """The :class:`Choice` that ``call`` would run."""
     return REGISTRY.resolve(op, device_of(args, kwargs), backend).choose(*args, **kwargs)
 
 
 def call(op: str, *args: Any, backend: str = AUTO, **kwargs: Any) -> Any:
-    """Run ``op`` on the chosen backend's chosen leaf (see module docstring)."""
     return REGISTRY.resolve(op, device_of(args, kwargs), backend).run(*args, **kwargs)[1]
 
 
 @dataclass
 class Dispatcher:
-    """Runs ops through the registry and records which backend ran each one.
-
-    ``backend`` is the default request for every op; ``per_op`` overrides it for single ops.
-    """
+    """Runs ops through the registry (``backend`` for every op, ``per_op`` overrides) and records the leaf that ran."""
 
     backend: str = AUTO
     per_op: dict[str, str] = field(default_factory=dict)
     registry: Registry = REGISTRY
-    ran: dict[str, str] = field(default_factory=dict)  # op -> the leaf kernel of its last call (Choice.kernel)
-    state: dict[Hashable, Any] = field(default_factory=dict)  # backends' long-lived objects (a FlashInfer wrapper), shared by its callers
+    ran: dict[str, str] = field(default_factory=dict)  # op -> leaf of its last call
+    state: dict[Hashable, Any] = field(default_factory=dict)  # backends' long-lived objects (a FlashInfer wrapper)
 
     def want(self, op: str) -> str:
-        """The backend requested for ``op`` (``per_op``, else the default)."""
         return self.per_op.get(op, self.backend)
 
     def which(self, op: str, device: Any, *args: Any, **kwargs: Any) -> str:
-        """As :func:`which`, with this dispatcher's request for ``op``."""
         if isinstance(device, torch.Tensor) or args or kwargs:
             return self.choose(op, device, *args, **kwargs).kernel
         return self.registry.resolve(op, device, self.want(op)).name

@@ -1,29 +1,10 @@
-"""Triton device functions that reproduce :mod:`quantkit.formats` bit for bit, and the Triton
-backend's availability predicate.
+"""Triton device functions that reproduce :mod:`quantkit.formats` bit for bit, and the Triton backend's availability.
 
-Each result comes from integer bit patterns and float32 operations that are exact or correctly
-rounded on every Triton target (NVIDIA GPUs and the CPU interpreter):
-
-* amax: an integer max over the bits of |x|, which keeps NaN as ``torch.amax`` does;
-* powers of two are built from their bits (:func:`formats.e8m0.pow2`); the E8M0 exponent is
-  read from the amax's float32 bits (:func:`formats.e8m0.exponent`);
-* x / s is the IEEE quotient, never plain ``/`` (approximate on GPUs): with inv = div_rn(1, s)
-  computed once per tile or group, a power-of-two s gives x * inv (exact), any other s gives
-  Markstein's correction q = |x| inv, r = fma(-q, s, |x|), q' = fma(r, inv, q), which is the
-  correctly rounded |x| / s when inv is the correctly rounded reciprocal (Markstein 1990;
-  checked here against IEEE division on 10**8 float32 pairs, ties and near-ties included).
-  Only below 2**-126 may q' differ, where every E4M3 result is +-0 anyway;
-* E4M3 bytes: on sm_90+ compiled, ``.to(tl.float8e4nv)`` (RTNE is Triton's default for
-  downcasts; it lowers to ``cvt.rn.satfinite.e4m3x2.f32``) after clamping to +-448.  Elsewhere
-  the byte is assembled from |v| / ulp (exact) rounded to an integer: the interpreter's software
-  cast rounds ties away from zero, drops the carry of a mantissa overflow into an odd exponent
-  field (1.9375 -> 1.0 instead of 2.0) and truncates results below 2**-6, and on sm_89 Triton
-  goes through an fp16 round-toward-zero step that breaks ties.  Stochastic rounding decides
-  the carry on the float32 bits, then casts the exact result on sm_90+ compiled and assembles
-  the byte elsewhere;
-* the stochastic-rounding uniform is the lowbias32 counter hash of :mod:`formats.rounding` in
-  uint32 arithmetic (wrap-around multiply, logical shifts); its key (k0, k1) comes from
-  :func:`formats.rounding.stream_key` on the host.
+Each step is exact or correctly rounded on every Triton target, GPU or CPU interpreter: amax is an integer max over
+|x|'s bits (it keeps NaN); powers of two and E8M0 exponents go through float32 bits; x / s is :func:`divide`, never
+``/`` (approximate on GPUs); an E4M3 byte comes from the hardware cast only where that is exact RNE (compiled sm_90+),
+else it is assembled in integer arithmetic (:func:`e4m3_code`): the interpreter's cast rounds ties away and mishandles
+carries and subnormals, and sm_89's rounds through fp16.
 """
 
 from __future__ import annotations
@@ -37,32 +18,28 @@ from triton.runtime.interpreter import InterpretedFunction
 from ..formats import rounding
 from .dispatch import Availability, capability
 
-PRIORITY = 10  # above the torch reference (0); a cuBLAS/FlashInfer backend may rank higher
+PRIORITY = 10  # above the torch reference (0)
 AMAX_FLOOR: tl.constexpr = tl.constexpr(1e-4)  # formats.fp8_block.AMAX_FLOOR
 
 
 @triton.jit
 def abs_max(x, axis: tl.constexpr):
-    """max |x| along ``axis`` of float32 x; NaN anywhere gives NaN, as torch.amax.
-
-    The bits of |x| order like the values as int32, and every NaN lies above inf, so an integer
-    max keeps NaN without a second reduction (Triton's float max drops NaN).
-    """
+    """max |x| along ``axis``, NaN if any: as int32, |x|'s bits order like the values with NaN above inf (a float max
+    drops NaN)."""
     bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     return tl.max(bits, axis).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def pow2(k):
-    """int32 k in [-127, 128] -> float32 2**k (2**-127 is the subnormal 0x00400000; 128 -> inf)."""
+    """int32 k in [-127, 128] -> float32 2**k (128 -> inf)."""
     bits = tl.where(k <= -127, 0x00400000, (k + 127) << 23)
     return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def bf16_round(x, ROUND: tl.constexpr = True):
-    """float32 -> the nearest bfloat16 (ties to even), still float32, from the bits (the CPU
-    interpreter's own cast truncates); NaN stays NaN; identity unless ROUND."""
+    """float32 -> the nearest bfloat16 (RNE) as float32, from the bits (the interpreter's cast truncates)."""
     if ROUND:
         bits = x.to(tl.int32, bitcast=True)
         r = (bits + (0x7FFF + ((bits >> 16) & 1))) & -0x10000
@@ -79,17 +56,14 @@ def e8m0_decode(b):
 
 @triton.jit
 def e8m0_decode_lean(b):
-    """U8 E8M0 bytes -> float32 2**(b - 127) in three operations, against five for :func:`e8m0_decode` (same
-    values; a NaN's payload may differ): the byte as the exponent field (0 -> 0.0, 255 -> inf), raised to
-    2**-127 for byte 0, and inf turned to NaN (inf * 0 + inf)."""
-    f = tl.maximum(b.to(tl.int32) << 23, 0x00400000).to(tl.float32, bitcast=True)  # byte 0: 2**-127, a float32 subnormal
+    """:func:`e8m0_decode` in three operations instead of five (a NaN's payload may differ): inf * 0 + inf is NaN."""
+    f = tl.maximum(b.to(tl.int32) << 23, 0x00400000).to(tl.float32, bitcast=True)
     return tl.fma(f, 0.0, f)
 
 
 @triton.jit
 def times_group_scales(xf, s, KPS: tl.constexpr):
-    """float32 [R, C] times one scale per KPS columns: ``s`` [R, C // KPS] (each row its own) or
-    [1, C // KPS] (one row of scales for the tile)."""
+    """float32 [R, C] times one scale per KPS columns; ``s`` [R, C // KPS] or [1, C // KPS]."""
     R: tl.constexpr = xf.shape[0]
     C: tl.constexpr = xf.shape[1]
     G: tl.constexpr = C // KPS
@@ -100,11 +74,10 @@ def times_group_scales(xf, s, KPS: tl.constexpr):
 
 @triton.jit
 def e8m0_exponent(amax, E_MAX: tl.constexpr, M_MAX: tl.constexpr, RCEIL: tl.constexpr):
-    """float32 amax >= 0 -> int32 k of scale 2**k, clamped to [-127, 127]; NaN/Inf -> 128.
+    """float32 amax >= 0 -> int32 k of scale 2**k in [-127, 127]; NaN/Inf -> 128.
 
-    k = floor(log2 amax) - E_MAX (+1 under rceil when the mantissa field exceeds M_MAX).  A
-    subnormal or zero amax (exponent field 0) gives k < -127 for every E_MAX >= 1, i.e. the clamp
-    to -127 that formats.e8m0 applies after normalising it through frexp (and to amax == 0).
+    k = floor(log2 amax) - E_MAX, +1 under rceil when the mantissa field exceeds M_MAX; a zero or subnormal amax
+    gives k < -127, so the clamp matches formats.e8m0 without its frexp.
     """
     tl.static_assert(E_MAX >= 1)
     bits = amax.to(tl.int32, bitcast=True)
@@ -118,7 +91,7 @@ def e8m0_exponent(amax, E_MAX: tl.constexpr, M_MAX: tl.constexpr, RCEIL: tl.cons
 
 @triton.jit
 def fp8_block_scale(amax, UE8M0: tl.constexpr, RCEIL: tl.constexpr):
-    """formats.fp8_block._scale: amax floored at 1e-4, then amax / 448 or 2**exponent."""
+    """formats.fp8_block._scale: amax floored at 1e-4, then div_rn(amax, 448) or 2**exponent."""
     amax = tl.maximum(amax, AMAX_FLOOR, propagate_nan=tl.PropagateNan.ALL)
     if UE8M0:
         return pow2(e8m0_exponent(amax, 8, 0x600000, RCEIL))
@@ -127,9 +100,14 @@ def fp8_block_scale(amax, UE8M0: tl.constexpr, RCEIL: tl.constexpr):
 
 @triton.jit
 def divide(x, s, inv, POW2: tl.constexpr):
-    """x / s as IEEE division, given inv = div_rn(1, s) broadcast like s (see module docstring)."""
+    """x / s as IEEE division, given inv = div_rn(1, s) broadcast like s.
+
+    A power of two has an exact inv, so x * inv is the quotient.  Otherwise Markstein's q' = fma(fma(-q, s, |x|), inv, q),
+    q = |x| * inv, is correctly rounded (Markstein 1990; checked on 10**8 float32 pairs), except below 2**-126, where
+    every E4M3 result is +-0 anyway.
+    """
     if POW2:
-        return x * inv  # s = 2**k (or inf / NaN): inv is exact, so is the product
+        return x * inv
     a = tl.abs(x)
     q = a * inv
     q2 = tl.fma(tl.fma(-q, s, a), inv, q)
@@ -140,14 +118,10 @@ def divide(x, s, inv, POW2: tl.constexpr):
 
 @triton.jit
 def e4m3_code(v, r, STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr):
-    """float32 v (already divided by its scale) -> E4M3 byte, as formats.fp8.round_e4m3.
+    """float32 v (divided by its scale) -> E4M3 byte as formats.fp8.round_e4m3; ``r``: :func:`random20`'s bits.
 
-    ``r``: the element's 20 random bits (:func:`random20`) when STOCHASTIC, else unused.
-    Nearest, assembled: |v| is clamped to 448; with e = max(floor(log2|v|), -6) and
-    ulp = 2**(e-3), t = |v|/ulp is exact and lies in [0, 16]; the byte is ((e + 6) << 3) +
-    round(t) (a carry to 16 moves to the next binade by itself; e = -6 covers the subnormals),
-    round being ties-to-even through the float32 addition t + 2**23.  Stochastic: see
-    :func:`e4m3_code_stochastic` (assembled) and :func:`e4m3_code_stochastic_hw` (HW_CAST).
+    Assembled: with |v| clamped to 448, e = max(floor(log2|v|), -6), t = |v| / 2**(e-3) is exact in [0, 16] and the byte is
+    ((e + 6) << 3) + round(t), RNE through t + 2**23 (a carry to 16 is the next binade).
     """
     if STOCHASTIC:
         if HW_CAST:
@@ -170,20 +144,15 @@ def e4m3_code(v, r, STOCHASTIC: tl.constexpr, HW_CAST: tl.constexpr):
 
 @triton.jit
 def e4m3_code_stochastic(v, r):
-    """float32 v -> E4M3 byte rounded stochastically with 20 random bits r (uint32 < 2**20),
-    in integer arithmetic only (no conversions): formats.fp8.round_e4m3 bit for bit.
+    """float32 v -> E4M3 byte rounded stochastically with 20 random bits r, in integer arithmetic only.
 
-    With |v| clamped to 448 and E = floor(log2|v|): for E >= -6 the float32 bits hold t = |v|/ulp
-    as bits >> 20 = (E + 127) * 8 + floor(t) - 8 and frac(t) * 2**20 in the low 20 bits; below,
-    q = 0x3c000000 + (significand >> (121 - exponent field)) holds the E4M3 subnormal t the same
-    way (exponent field 120, t * 2**20 truncated in the low 23 bits; max(bits, q) picks the right
-    one).  Adding 2**20 - 1 - r carries exactly when r < frac(t) * 2**20 (truncated), so the byte is
-    ((q + (2**20 - 1 - r)) >> 20) - 960 (a carry out of the mantissa moves to the next binade).
+    The float32 bits of |v| >= 2**-6 hold t = |v| / ulp with frac(t) in the low 20 bits, and q holds an E4M3
+    subnormal's t alike; adding 2**20 - 1 - r carries exactly when r < frac(t) * 2**20.
     """
     bits = v.to(tl.int32, bitcast=True)
     a = bits & 0x7FFFFFFF
     is_nan = a > 0x7F800000
-    a = tl.minimum(a, 0x43E00000)  # |v| <= 448 (0x43e00000), inf included
+    a = tl.minimum(a, 0x43E00000)  # 448
     sh = tl.minimum(tl.maximum(121 - (a >> 23), 0), 31)
     q = tl.maximum(a, 0x3C000000 + (((a & 0x7FFFFF) | 0x800000) >> sh))
     code = ((q + (r ^ 0xFFFFF).to(tl.int32)) >> 20) - 960
@@ -192,21 +161,15 @@ def e4m3_code_stochastic(v, r):
 
 @triton.jit
 def e4m3_code_stochastic_hw(v, r):
-    """:func:`e4m3_code_stochastic` with the float pipe and the hardware cast doing most of the
-    work (compiled NVIDIA sm_90+ only, where ``.to(tl.float8e4nv)`` is exact RNE with satfinite):
-    same bytes, about half the integer instructions.
+    """:func:`e4m3_code_stochastic`'s bytes in half the integer instructions, where the hardware cast is exact.
 
-    |v| clamped to 448; below 2**-6 (E4M3 subnormals) x = 8 + |v| * 2**9 rounded toward zero
-    (one FMA.RZ: t = |v|/ulp truncated to 20 fraction bits, with the float32 exponent of [8, 16)),
-    else x = |v| (its low 20 bits are frac(t) * 2**20).  Adding 2**20 - 1 - r to the bits of x and
-    clearing the low 20 carries exactly when r < frac(t) * 2**20, leaving an E4M3 value (below
-    2**-6, (x - 8) * 2**-9, exact); a NaN enters as 0x7FC00000, so it stays NaN; the sign is put
-    back and the cast is exact (NaN -> 0x7F with v's sign, as the reference).
+    Below 2**-6, 8 + |v| * 2**9 rounded toward zero puts t's fraction bits where a normal |v| has them, so the same
+    carry leaves an exact E4M3 value for the cast.
     """
     a = tl.minimum(tl.abs(v), 448.0, propagate_nan=tl.PropagateNan.ALL)
     sub = a < 0.015625
     x = tl.where(sub, libdevice.fma_rz(a, 512.0, 8.0), a).to(tl.int32, bitcast=True)
-    x = tl.minimum(x, 0x7FC00000)  # any NaN -> the quiet NaN with an empty low field: the carry stays inside
+    x = tl.minimum(x, 0x7FC00000)  # a NaN's low field empty: the carry stays inside
     y = (((x + 0xFFFFF) - r.to(tl.int32)) & -0x100000).to(tl.float32, bitcast=True)
     y = tl.where(sub, tl.fma(y, 0.001953125, -0.015625), y)
     y = (y.to(tl.int32, bitcast=True) | (v.to(tl.int32, bitcast=True) & -0x80000000)).to(tl.float32, bitcast=True)
@@ -215,9 +178,8 @@ def e4m3_code_stochastic_hw(v, r):
 
 @triton.jit
 def pdl_enter(PDL: tl.constexpr):
-    """A kernel launched with ``launch_pdl`` (programmatic dependent launch, sm_90+) starts while its predecessor
-    runs: wait here, before any load or store, until the predecessor has finished and its writes are visible, then
-    let this kernel's own dependent start launching (it waits likewise).  Only the launch overlaps; nothing else."""
+    """A kernel launched with ``launch_pdl`` starts while its predecessor runs: it waits here, before any load or store,
+    for the predecessor's writes, then lets its dependent launch."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -235,14 +197,8 @@ def mix32(x):
 
 @triton.jit
 def random20(start, off, k0, k1, WRAP: tl.constexpr = True):
-    """The 20 random bits (uint32) of flat element index start + off (formats.rounding.uniform:
-    u = random20 * 2**-20); start int64 scalar, off int32 >= 0 (a program spans < 2**32 elements).
-
-    c = mix32(hi ^ k1) is a per-program scalar for start's high word and the next one (an
-    element whose low word wrapped past start's belongs to the next).  ``WRAP=False`` promises
-    that no element's low word wraps (:func:`wraps` on the host), so the hash's first step is one
-    multiply-add of off with the program's scalar s_lo * k + c.
-    """
+    """The 20 random bits of flat index start + off (formats.rounding.uniform = random20 * 2**-20); ``WRAP=False``
+    promises no low word wraps (:func:`wraps`), which saves a select per element."""
     s_lo = (start & 0xFFFFFFFF).to(tl.uint32)
     s_hi = (start >> 32).to(tl.uint32)
     k1u = k1.to(tl.uint32, bitcast=True)
@@ -257,46 +213,43 @@ def random20(start, off, k0, k1, WRAP: tl.constexpr = True):
 
 
 def wraps(offset: int, n: int) -> bool:
-    """Whether flat indices offset .. offset + n - 1 cross a multiple of 2**32 (random20's WRAP)."""
+    """Whether flat indices offset .. offset + n - 1 cross a multiple of 2**32."""
     return n > 0 and (offset >> 32) != ((offset + n - 1) >> 32)
 
 
 def stream_key_i32(r: rounding.Rounding) -> tuple[int, int]:
-    """The rounding's (k0, k1) as signed int32 values, so Triton types them i32 on every version."""
+    """The rounding's stream key as signed int32, so Triton types it i32 on every version."""
     return tuple(k - (1 << 32) if k >= 1 << 31 else k for k in rounding.stream_key(r.seed, r.name))  # type: ignore[return-value]
 
 
 def interpreted() -> bool:
-    """True when Triton runs these kernels in its CPU interpreter (TRITON_INTERPRET=1 at import)."""
+    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 at import)."""
     return isinstance(pow2, InterpretedFunction)
 
 
 def cdiv(a: int, b: int) -> int:
-    """Host ceil-division: ``triton.cdiv`` goes through Triton's constexpr-function call machinery,
-    about 1-2 us a call, and a launcher asks several per launch."""
+    """Host ceil-division: ``triton.cdiv`` costs about 1-2 us of call machinery, and a launcher asks several."""
     return -(-a // b)
 
 
 def next_pow2(n: int) -> int:
-    """Host ``triton.next_power_of_2`` (same values, 0 -> 0), without its call machinery."""
+    """Host ``triton.next_power_of_2`` without its call machinery."""
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 def compiled_sm90(device: torch.device) -> bool:
-    """Whether kernels on ``device`` are compiled for NVIDIA sm_90 or later: where the hardware E4M3 cast is
-    exact (:func:`hw_e4m3`) and programmatic dependent launch exists (:func:`pdl_ok`)."""
+    """Compiled for NVIDIA sm_90+, where the E4M3 cast is exact and PDL exists."""
     return not interpreted() and device.type == "cuda" and torch.version.hip is None and capability(device) >= (9, 0)
 
 
 def pdl_ok(device: torch.device, requested: bool = True) -> bool:
-    """Whether a launch on ``device`` goes as a programmatic dependent (:func:`pdl_enter`): where it was
-    ``requested`` and exists (compiled sm_90+); elsewhere the request is dropped, the bytes the same."""
+    """Whether a launch goes as a programmatic dependent: where requested and possible (same bytes)."""
     return requested and compiled_sm90(device)
 
 
 def hw_e4m3(device: torch.device, requested: bool | None = None) -> bool:
-    """Whether kernels on ``device`` round to E4M3 with the hardware cast: where it is exact
-    (compiled, NVIDIA sm_90+) unless ``requested`` is False; True where it is not exact raises."""
+    """Whether to round to E4M3 with the hardware cast: where it is exact, unless ``requested`` says; asking for it
+    elsewhere raises."""
     exact = compiled_sm90(device)
     if requested and not exact:
         raise ValueError(f"the hardware E4M3 cast is not exact RNE on {device} here (needs compiled Triton on NVIDIA sm_90+)")
@@ -304,7 +257,7 @@ def hw_e4m3(device: torch.device, requested: bool | None = None) -> bool:
 
 
 def available(device: torch.device) -> Availability:
-    """Compiled kernels: CUDA only, eligible for auto.  Interpreted: any device, explicit only."""
+    """Compiled: CUDA only, eligible for auto.  Interpreted: any device, explicit only."""
     if interpreted():
         return Availability(True, auto=False, reason="Triton interpreter: only when asked for explicitly")
     if device.type == "cuda":
@@ -316,6 +269,6 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def check_input(x: torch.Tensor, what: str) -> None:
-    """Layout rules every launcher asserts: a contiguous float tensor."""
+    """Every launcher's input rule: a contiguous float tensor."""
     assert x.is_contiguous(), f"{what}: the Triton kernel needs a contiguous tensor, got strides {x.stride()}"
     assert x.dtype in FLOAT_DTYPES, f"{what}: the Triton kernel reads {FLOAT_DTYPES}, got {x.dtype}"

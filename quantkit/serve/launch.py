@@ -83,10 +83,10 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
 
     engine = scheduler()
     t = time.perf_counter()
-    failed = model.prepare_kernels()  # on a GPU: DeepGEMM's kernels for every M by-shape sends it, built now, not at a request
+    failed = model.prepare_kernels()  # on a GPU: DeepGEMM's kernels for every M auto sends it, built now, not at a request
     ops = getattr(model, "ops", None)
-    by_shape = model.device.type == "cuda" and ops is not None and ops.which("gemm_fp8_block", model.device) == "by-shape"
-    warmup = [f"DeepGEMM kernels ready in {time.perf_counter() - t:.1f} s"] if by_shape else []
+    auto = model.device.type == "cuda" and ops is not None and ops.want("gemm_fp8_block") == "auto"
+    warmup = [f"DeepGEMM kernels ready in {time.perf_counter() - t:.1f} s"] if auto else []
     warmup += [f"a DeepGEMM kernel did not build (Triton runs instead): {e}" for e in failed]
     engine.runner.capture()
     if model.device.type == "cuda" and ctrl is None:  # one process: every step kind once, its kernels compiled now

@@ -154,7 +154,7 @@ def test_triton_interpreter_forward(tiny, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     ops = ["act_quant_mxfp8", "gemm_mxfp8", "attention_prefill", "rope_rotate", "rope_cache_write", "router_topk", "fused_moe", "attention_decode"]
-    assert r["ran"] == dict.fromkeys(ops, "triton")
+    assert {op: leaf.split(".")[0] for op, leaf in r["ran"].items()} == dict.fromkeys(ops, "triton")  # ran holds "triton.<kernel>" leaves
     for diff, ref in zip(r["max_abs_diff"], r["max_abs_ref"], strict=True):
         assert diff <= INTERPRETER_TOL * max(1.0, ref), r
     assert all(r["argmax_equal"]), r

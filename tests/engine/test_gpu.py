@@ -100,16 +100,16 @@ def test_kernel_path_equals_cpu_reference(tiny, tmp_path: Path, kind: str, fmt: 
         assert d <= bound, f"{op}: the fast backend differs from the torch reference on the same inputs: {d:g} > {bound:g}"
     assert max(rel) <= TOL_END_TO_END, f"end-to-end logits differ by {max(rel):.3f} of the largest logit"
     ran = model.ops.ran
-    assert ran["attention_prefill"] == "triton"
-    assert ran.get("attention_decode", "triton") == "triton"
+    assert ran["attention_prefill"].startswith("triton.")
+    assert ran.get("attention_decode", "triton.").startswith("triton.")
     if kind == "deepseek-v3":
-        assert ran["mla_decode"] == "triton"
+        assert ran["mla_decode"].startswith("triton.")  # float32: FlashInfer's MLA runs bf16 only
     if fmt in GEMM:
         assert ran[GEMM[fmt]] != "torch" and ran[f"act_quant_{'mxfp8' if fmt == 'mxfp8' else 'fp8_block'}"] == "triton"
     if fmt == "mxfp4":
         assert ran["mxfp4_decode"] == "triton"
     if "fused_moe" in paths:
-        assert ran["fused_moe"] == "triton"
+        assert ran["fused_moe"].startswith("triton.")
     assert set(worst) >= {op for op, b in ran.items() if b != "torch"}
 
 
@@ -124,7 +124,7 @@ def test_torch_backend_override_on_cuda(tiny, tmp_path: Path) -> None:
 
 
 def test_prepare_kernels_builds_what_the_forward_runs(tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The warm-up compiles every DeepGEMM kernel by-shape will use: a forward at each of its M ranges then
+    """The warm-up compiles every DeepGEMM kernel auto will use: a forward at each of its M ranges then
     compiles nothing more."""
     from quantkit.kernels.gemm import deepgemm
 
@@ -141,4 +141,4 @@ def test_prepare_kernels_builds_what_the_forward_runs(tiny, tmp_path: Path, monk
         for t in (30, 64, 100, 200, 400):
             model(torch.arange(1, t + 1, device="cuda") % 100)
     assert set((tmp_path / "dg").glob("*.so")) == built
-    assert model.ops.ran["gemm_fp8_block"] == "by-shape"
+    assert model.ops.ran["gemm_fp8_block"] in ("deepgemm", "triton.skinny", "triton.wgmma", "triton.tiled"), "ran names the leaf"

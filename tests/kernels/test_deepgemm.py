@@ -1,6 +1,6 @@
 """The DeepGEMM backend (FlashInfer's copy of DeepGEMM's SM90 kernel, compiled per shape): its tile
 rule, operand layouts and errors on the CPU; the compile where nvcc and the headers exist; on the
-H200 (-m gpu) the kernel against the float32 reference, grouped contiguous, CUDA graphs, by-shape."""
+H200 (-m gpu) the kernel against the float32 reference, grouped contiguous, CUDA graphs, auto's DeepGEMM leaf."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from .test_gemm_cublas import check_fp8_backend
 from quantkit.formats import fp8_block
 from quantkit.kernels.gemm import deepgemm as dg
 from quantkit.kernels import dispatch
-from quantkit.kernels.gemm import scaled_mm as sm
+from quantkit.kernels.gemm import select
+from quantkit.kernels.gemm.gemm_ref import gemm_fp8_block_ref
 
 HAS_CUDA = torch.cuda.is_available()
 HEADERS = os.environ.get("QUANTKIT_TEST_DEEPGEMM_INCLUDE")  # a tensorrt_llm folder with deep_gemm/, where FlashInfer is not installed
@@ -89,46 +90,37 @@ def test_no_rows_no_launch():
     assert out.shape == (0, 256) and out.dtype == torch.bfloat16
 
 
-def test_availability_and_by_shape_fallback(monkeypatch):
+def h200(dg_ok) -> dispatch.Target:
+    return dispatch.Target("cuda", (9, 0), 132, "sm_90", frozenset({"deepgemm"}) if dg_ok else frozenset())
+
+
+def test_availability():
     assert not dg.available(torch.device("cpu")).ok and "CUDA" in dg.available(torch.device("cpu")).reason
-    assert sm.by_shape_choice(64, 7168, 2048) == "triton"  # no device: never DeepGEMM
-    monkeypatch.setattr(dg, "available_cached", lambda device: dispatch.Availability(True, auto=False))
-    cuda = torch.device("cuda")
-    assert [sm.by_shape_choice(m, 7168, 2048, cuda) for m in (1, 24, 25, 32, 33, 64, 65, 512, 513, 8192)] == ["triton"] * 2 + ["deepgemm"] * 6 + ["triton"] * 2
-    assert [sm.by_shape_choice(m, 32768, 512, cuda) for m in (64, 65)] == ["deepgemm", "triton"]  # DeepSeek-V3 kv_b
-    assert [sm.by_shape_choice(m, 7168, 16384, cuda) for m in (32, 33)] == ["triton", "deepgemm"]  # long K at M <= 32: split-K wins
-    assert [sm.by_shape_choice(32, 4096, k, cuda) for k in (4096, 4112)] == ["deepgemm", "triton"]
-    assert sm.by_shape_choice(64, 2880, 2880, cuda) == "deepgemm"  # K % 128 != 0: TMA zero-fills the last block
-    assert sm.by_shape_choice(64, 2880, 2888, cuda) == "triton"  # K % 16: no 16-byte TMA rows
-    assert sm.by_shape_choice(64, 2116, 2048, cuda) == "triton"  # N % 8
-    monkeypatch.setattr(dg, "available_cached", lambda device: dispatch.Availability(False, reason="no nvcc"))
-    assert sm.by_shape_choice(64, 7168, 2048, cuda) == "triton"
 
 
-def test_by_shape_falls_back_to_triton_after_a_failed_build(monkeypatch):
-    from quantkit.kernels.gemm import fp8_block as g8
+def test_auto_falls_back_to_triton_after_a_failed_build(monkeypatch):
+    """auto's DeepGEMM leaf: a failed build switches DeepGEMM off on the device (with a warning) and runs the Triton
+    selection, now and from then on; a float32 output never reaches DeepGEMM (it writes bf16)."""
+    from quantkit.kernels.gemm import fp8_block
 
-    dev = torch.device("cuda")
-    monkeypatch.setattr(dg, "_AVAIL", {str(dev): dispatch.Availability(True, auto=False)})
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(dg, "_AVAIL", {str(cpu): dispatch.Availability(True, auto=False)})
+    monkeypatch.setattr(select, "device_target", lambda device: h200(dg.available_cached(device).ok))
 
     def broken(*args, **kwargs):
         raise dg.BuildError("DeepGEMM build failed for N=4096 K=2048: nvcc fatal")
 
     monkeypatch.setattr(dg, "gemm_fp8_block_deepgemm", broken)
-    monkeypatch.setattr(g8, "gemm_fp8_block", lambda *args: "triton ran")
-    class Operand:  # what by-shape reads of its operands: shape, numel, device
-        def __init__(self, *shape):
-            self.shape, self.device = torch.Size(shape), dev
-
-        def numel(self):
-            return self.shape.numel()
-
-    a, w = Operand(64, 2048), Operand(4096, 2048)
-    assert g8.gemm_fp8_block_by_shape(a, None, w, None, None, torch.float32) == "triton ran", "DeepGEMM writes bf16 only"
-    with pytest.warns(UserWarning, match="DeepGEMM disabled on cuda, running Triton"):
-        assert g8.gemm_fp8_block_by_shape(a, None, w, None) == "triton ran"
-    assert not dg.available_cached(dev).ok and "nvcc fatal" in dg.available_cached(dev).reason
-    assert sm.by_shape_choice(64, 4096, 2048, dev) == "triton"
+    monkeypatch.setattr(fp8_block, "gemm_fp8_block", lambda *args, **kwargs: "triton ran")
+    a, w = torch.zeros(64, 2048, dtype=torch.float8_e4m3fn), torch.zeros(4096, 2048, dtype=torch.float8_e4m3fn)
+    c32 = select.choose_fp8_block(a, None, w, None, None, torch.float32)
+    assert c32.kernel.startswith("triton.") and c32.run(a, None, w, None, None, torch.float32) == "triton ran"
+    c = select.choose_fp8_block(a, None, w, None)
+    assert c.kernel == "deepgemm"
+    with pytest.warns(UserWarning, match="DeepGEMM disabled on cpu, running Triton"):
+        assert c.run(a, None, w, None) == "triton ran"
+    assert not dg.available_cached(cpu).ok and "nvcc fatal" in dg.available_cached(cpu).reason
+    assert select.choose_fp8_block(a, None, w, None).kernel.startswith("triton.")
 
 
 @pytest.mark.skipif(not CAN_BUILD, reason="needs nvcc and FlashInfer's deep_gemm headers (or QUANTKIT_DEEPGEMM_INCLUDE)")
@@ -185,7 +177,7 @@ def test_gpu_grouped_contiguous_and_graph(gen, k):
     for i in range(e):
         rows = m_idx == i
         if rows.any():
-            assert_gemm_close(out[rows], sm.gemm_fp8_block_ref(a[rows], sa[rows], q[i], s[i], None, torch.float32), f"grouped expert {i}", 1e-3)
+            assert_gemm_close(out[rows], gemm_fp8_block_ref(a[rows], sa[rows], q[i], s[i], None, torch.float32), f"grouped expert {i}", 1e-3)
     with pytest.raises(ValueError, match="multiple of 128"):
         dg.gemm_prepared(ap[:200], st, dw, m_indices=m_idx[:200])
     graph_out = torch.empty_like(out)
@@ -201,43 +193,46 @@ def test_gpu_grouped_contiguous_and_graph(gen, k):
 
 @pytest.mark.gpu
 @needs_dg
-def test_gpu_by_shape_runs_deepgemm_in_its_range(gen):
+def test_gpu_auto_runs_deepgemm_where_selected(gen):
     m, n, k = 64, 4096, 2048
     a, sa, q, sw, b = fp8_block_case(m, n, k, gen, True, "cuda")
-    assert sm.by_shape_choice(m, n, k, a.device) == "deepgemm"
-    out = dispatch.call("gemm_fp8_block", a, sa, q, sw, b, backend="by-shape")
-    assert_gemm_close(out, sm.gemm_fp8_block_ref(a, sa, q, sw, b, torch.float32), "by-shape -> deepgemm", 1e-3)
+    if dispatch.which("gemm_fp8_block", a, sa, q, sw, b) != "deepgemm":
+        pytest.skip("the selection runs no DeepGEMM at this shape")
+    out = dispatch.call("gemm_fp8_block", a, sa, q, sw, b)
+    assert_gemm_close(out, gemm_fp8_block_ref(a, sa, q, sw, b, torch.float32), "auto -> deepgemm", 1e-3)
     assert torch.equal(out, dispatch.call("gemm_fp8_block", a, sa, q, sw, b, backend="deepgemm"))
 
 
 @pytest.mark.gpu
 @needs_dg
 @pytest.mark.parametrize("m,n,k", [(33, 5120, 2880), (64, 2880, 2880), (48, 4096, 7168), (64, 2880, 4096)])
-def test_gpu_by_shape_on_mn_major_scales_from_the_quantizer(gen, m, n, k):
-    """The engine's path on a GPU: the Triton quantizer writes MN-major scales, by-shape hands their buffer to
+def test_gpu_auto_on_mn_major_scales_from_the_quantizer(gen, m, n, k):
+    """The engine's path on a GPU: the Triton quantizer writes MN-major scales, auto hands their buffer to
     DeepGEMM (K = 2880 included: TMA zero-fills the last block); the bits equal the row-major run's."""
     x = (torch.randn(m, k, generator=gen) * 2).to(torch.bfloat16).cuda()
     a, sa = dispatch.call("act_quant_fp8_block", x, backend="triton", scale_mn=True)
     q, sw = (t.cuda() for t in fp8_block.quantize_weight(torch.randn(n, k, generator=gen) * 0.02))
     assert fp8_block.mn_major_storage(sa) is not None and dg.prepare_act(a, sa)[1].data_ptr() == sa.data_ptr()
-    assert sm.by_shape_choice(m, n, k, a.device) == "deepgemm"
-    out = dispatch.call("gemm_fp8_block", a, sa, q, sw, backend="by-shape")
-    assert_gemm_close(out, sm.gemm_fp8_block_ref(a, sa, q, sw, None, torch.float32), f"by-shape MN-major M={m} N={n} K={k}", 1e-3)
+    if dispatch.which("gemm_fp8_block", a, sa, q, sw) != "deepgemm":
+        pytest.skip("the selection runs no DeepGEMM at this shape")
+    out = dispatch.call("gemm_fp8_block", a, sa, q, sw)
+    assert_gemm_close(out, gemm_fp8_block_ref(a, sa, q, sw, None, torch.float32), f"auto MN-major M={m} N={n} K={k}", 1e-3)
     assert torch.equal(out, dispatch.call("gemm_fp8_block", a, sa.contiguous(), q, sw, backend="deepgemm"))
 
 
-def test_deepgemm_jobs_follow_by_shape_and_prebuild_reports_failures(monkeypatch):
-    """The warm-up list: one kernel per M bucket where by-shape sends the shape to DeepGEMM; prebuild compiles
-    each once and returns the failures' messages."""
-    monkeypatch.setattr(dg, "available_cached", lambda device: dispatch.Availability(True, auto=False))
-    monkeypatch.setattr(dg, "sm_count", lambda device: 132)
-    cuda = torch.device("cuda")
-    jobs = sm.deepgemm_jobs([(7168, 2048), (32768, 512), (7168, 16384), (7168, 2048)], cuda)
-
-    def want(n, k, ms):
-        return {(n, k, dg.best_config(m, n, k, 132)) for m in ms}
-
-    assert jobs == want(7168, 2048, (64, 128, 256, 512)) | want(32768, 512, (64,)) | want(7168, 16384, (64, 128, 256, 512))
+def test_deepgemm_jobs_cover_what_auto_runs_and_prebuild_reports_failures(monkeypatch):
+    """The warm-up list holds the kernel of every M at which auto sends a shape to DeepGEMM; prebuild compiles each
+    once and returns the failures' messages."""
+    monkeypatch.setattr(select, "device_target", lambda device: h200(True))
+    shapes = [(7168, 2048), (32768, 512), (7168, 16384), (2880, 2888)]
+    jobs = select.deepgemm_jobs(shapes + [(7168, 2048)], torch.device("cuda"))
+    want = set()
+    for n, k in shapes:
+        for m in range(1, 4097):
+            c = select.select_fp8_block(h200(True), m, n, k)
+            if c.kernel == "deepgemm":
+                want.add((n, k, c.config))
+    assert jobs == want and {(n, k) for n, k, _ in jobs} == {(7168, 2048), (32768, 512), (7168, 16384)}, "K % 16 != 0: never DeepGEMM"
     built = []
 
     def fake_build(n, k, cfg):

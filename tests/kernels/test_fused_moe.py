@@ -3,6 +3,8 @@ tests/kernels/test_moe_routing.py).
 
 * The torch reference of ``fused_moe`` equals the engine's ``Experts`` (quantized linears) bit
   for bit; it is the judge of the Triton path.
+* The selection: every choice over a grid of shapes and targets names a leaf that runs the shape; each leaf gives
+  the reference's bytes where every sum is exact (few-bit inputs, power-of-two scales).
 * Triton (CPU interpreter; compiled on CUDA with -m gpu) vs the reference: the same fp8 inputs,
   float32 accumulation and x.dtype roundings, so only float32 summation order (and ``exp``)
   differ.  Tolerance: |out - ref| <= 2**-7 |ref| + 1e-2 max|ref| elementwise and a relative
@@ -27,14 +29,10 @@ from quantkit.engine.layers.moe import Experts
 from quantkit.engine.qlinear import ActQuant, Fp8Block, Mxfp8
 from quantkit.formats import fp8_block, mxfp8
 from quantkit.kernels import dispatch
-from quantkit.kernels.moe.fused_moe import (
-    MOE_CONFIGS,
-    MX_DECODE,
-    MX_PREFILL_CONFIG,
-    PREFILL_TILED,
-    MoeConfig,
-    pick_moe_config,
-)
+from quantkit.kernels.dispatch import TARGETS, Target
+from quantkit.kernels.moe import select as sel
+from quantkit.kernels.moe import tables
+from quantkit.kernels.moe.fused_moe import LEAVES
 from quantkit.kernels.moe.fused_moe_ref import (
     ExpertWeights,
     MoeSpec,
@@ -44,9 +42,9 @@ from quantkit.kernels.moe.fused_moe_ref import (
     quant_dequant,
     stack_gate_up,
 )
-from quantkit.kernels.moe.sorted_tokens import sorted_ok
 from quantkit.kernels.moe.common import EXP_ARG_MAX, moe_activation
 from quantkit.kernels.moe.routing import route
+from quantkit.kernels.moe.tables import MoeConfig
 
 HAS_CUDA = torch.cuda.is_available()
 GPT_OSS = MoeSpec("gpt-oss", interleaved=True)
@@ -115,7 +113,7 @@ def test_reference_equals_engine_experts(gen, fmt, act):
 # (masked tail), I = 96 gives partial weight tiles (and, concatenated, 128-row tiles that
 # straddle gate and up: per-row scales), a 128-wide interleaved tile spans two scale rows,
 # T = 40 puts > BLOCK_M pairs on an expert, x * 20 drives GPT-OSS's clamps, ue8m0 / floor
-# cover the other activation scale options; fuse_quant quantizes activations inside the GEMMs.
+# cover the other activation scale options; ``waves`` splits K on the CPU's 8 SMs.
 CASES = [
     ("fp8-block", GPT_OSS, 4, 256, 256, 5, 2, 1.0, MoeConfig(16, 32, 32)),
     ("fp8-block", SILU, 4, 256, 256, 5, 2, 1.0, MoeConfig(16, 64, 128, num_stages=4)),
@@ -126,28 +124,27 @@ CASES = [
     ("mxfp8", GPT_OSS, 3, 160, 96, 9, 2, 20.0, MoeConfig(4, 32, 32, diag=True)),  # 4-row blocks, masked K tail, partial tiles
     ("mxfp8", SILU, 3, 160, 96, 40, 2, 1.0, MoeConfig(8, 32, 32, diag=True)),  # 8-row blocks, concatenated gate/up
     ("mxfp8", SILU, 4, 256, 256, 5, 2, 1.0, MoeConfig(16, 64, 64, upcast=True)),
-    ("fp8-block", GPT_OSS, 4, 160, 96, 1, 2, 20.0, MoeConfig(16, 128, 64, fuse_quant=True)),
+    ("fp8-block", GPT_OSS, 4, 160, 96, 1, 2, 20.0, MoeConfig(16, 128, 64)),
     ("fp8-block", SILU, 3, 160, 96, 9, 2, 1.0, MoeConfig(16, 64, 32)),
-    ("fp8-block", MoeSpec("silu", scale_fmt="ue8m0"), 3, 160, 128, 40, 2, 1.0, MoeConfig(16, 32, 64, fuse_quant=True)),
-    ("mxfp8", MoeSpec("gpt-oss", interleaved=True, rule="floor"), 3, 160, 96, 40, 2, 20.0, MoeConfig(16, 64, 32, upcast=True, fuse_quant=True)),
-    ("mxfp8", SILU, 4, 256, 128, 3, 2, 1.0, MoeConfig(16, 32, 32, fuse_quant=True)),
-    ("mxfp8", GPT_OSS, 3, 160, 96, 40, 2, 1.0, MX_PREFILL_CONFIG),  # the MX prefill config: bf16 operands, sorted rows
+    ("fp8-block", MoeSpec("silu", scale_fmt="ue8m0"), 3, 160, 128, 40, 2, 1.0, MoeConfig(16, 32, 64)),
+    ("mxfp8", MoeSpec("gpt-oss", interleaved=True, rule="floor"), 3, 160, 96, 40, 2, 20.0, MoeConfig(16, 64, 32, upcast=True)),
+    ("mxfp8", GPT_OSS, 3, 160, 96, 40, 2, 1.0, tables.H200["mxfp8"][-1].config),  # the MX prefill row: bf16 operands, sorted rows
     ("mxfp8", GPT_OSS, 3, 160, 96, 40, 2, 1.0, MoeConfig(128, 128, 128, num_warps=8, upcast=True)),  # bf16 operands, gathered rows
-    # split-K (decode): H = 416 is 4 K-blocks with a partial last one, I = 288 is 3; explicit and auto splits
-    ("fp8-block", GPT_OSS, 4, 416, 288, 2, 2, 1.0, MoeConfig(16, 32, 32, split_k=3)),
-    ("mxfp8", SILU, 4, 416, 288, 1, 2, 1.0, MoeConfig(16, 32, 32, fuse_quant=True, split_k=2)),
-    ("mxfp8", GPT_OSS, 4, 416, 288, 2, 2, 1.0, MoeConfig(4, 32, 32, split_k=3, diag=True)),  # diag, split-K over a partial last block
-    # the MX decode table's configs (diag on 2 warps: mma.sync with 64-row tiles too)
-    ("mxfp8", GPT_OSS, 3, 160, 96, 9, 2, 20.0, MX_DECODE[0][1]),
-    ("mxfp8", SILU, 3, 160, 96, 40, 2, 1.0, MX_DECODE[1][1]),
-    ("mxfp8", GPT_OSS, 4, 416, 288, 1, 2, 1.0, MX_DECODE[0][1]),  # auto split-K
+    # split-K (decode): H = 416 is 4 K-blocks with a partial last one, I = 288 is 3
+    ("fp8-block", GPT_OSS, 4, 416, 288, 2, 2, 1.0, MoeConfig(16, 32, 32, waves=64)),
+    ("mxfp8", SILU, 4, 416, 288, 1, 2, 1.0, MoeConfig(16, 32, 32, waves=16)),
+    ("mxfp8", GPT_OSS, 4, 416, 288, 2, 2, 1.0, MoeConfig(4, 32, 32, waves=64, diag=True)),  # diag, split-K over a partial last block
+    # the MX decode rows (diag on 2 warps: mma.sync with 64-row tiles too)
+    ("mxfp8", GPT_OSS, 3, 160, 96, 9, 2, 20.0, tables.H200["mxfp8"][0].config),
+    ("mxfp8", SILU, 3, 160, 96, 40, 2, 1.0, tables.H200["mxfp8"][1].config),
+    ("mxfp8", GPT_OSS, 4, 416, 288, 1, 2, 1.0, tables.H200["mxfp8"][0].config),
     ("fp8-block", SILU, 3, 416, 256, 3, 2, 1.0, MoeConfig(16, 64, 64, waves=64)),
     # FP8-block, 256-column steps (two promoted 128-blocks): a partial last step with one empty sub-block (416, 288), a
-    # K shorter than one step (160, fused quantization), split-K; and 11 K-blocks reduced from 6 splits
+    # K shorter than one step (160), split-K; and 11 K-blocks in uneven splits
     ("fp8-block", GPT_OSS, 4, 416, 288, 2, 2, 1.0, MoeConfig(16, 32, 128, block_k=256)),
-    ("fp8-block", GPT_OSS, 3, 160, 96, 1, 2, 20.0, MoeConfig(16, 32, 64, fuse_quant=True, block_k=256)),
-    ("fp8-block", SILU, 4, 416, 288, 2, 2, 1.0, MoeConfig(16, 32, 32, block_k=256, split_k=2)),
-    ("fp8-block", SILU, 2, 1408, 96, 1, 2, 1.0, MoeConfig(16, 32, 32, split_k=6)),
+    ("fp8-block", GPT_OSS, 3, 160, 96, 1, 2, 20.0, MoeConfig(16, 32, 64, block_k=256)),
+    ("fp8-block", SILU, 4, 416, 288, 2, 2, 1.0, MoeConfig(16, 32, 32, block_k=256, waves=64)),
+    ("fp8-block", SILU, 2, 1408, 96, 1, 2, 1.0, MoeConfig(16, 32, 32, waves=64)),
 ]
 
 
@@ -170,6 +167,11 @@ def run_triton(x, w, ids, w13, w2, spec, device, config=None) -> torch.Tensor:
     return dispatch.call("fused_moe", x.to(device), w.to(device), ids.to(device), on(w13, device), on(w2, device), spec, backend="triton", config=config)
 
 
+def leaf(x, w, ids, w13, w2, spec, config=None, device="cpu") -> str:
+    """The leaf kernel a ``backend="triton"`` call runs."""
+    return dispatch.which("fused_moe", x.to(device), w.to(device), ids.to(device), on(w13, device), on(w2, device), spec, backend="triton", config=config)
+
+
 @pytest.mark.parametrize("fmt,spec,e,h,inter,t,k,xs,cfg", CASES, ids=[f"{c[0]}-{c[1].activation}-T{c[5]}-H{c[3]}-{c[8].name()}" for c in CASES])
 def test_triton_fused_moe_matches_reference(triton_device, gen, fmt, spec, e, h, inter, t, k, xs, cfg):
     w13, w2 = experts(fmt, e, 2 * inter, h, gen, bias=True), experts(fmt, e, h, inter, gen, bias=spec.interleaved)
@@ -179,7 +181,7 @@ def test_triton_fused_moe_matches_reference(triton_device, gen, fmt, spec, e, h,
     assert_moe_close(run_triton(x, w, ids, w13, w2, spec, triton_device, cfg), ref, f"{fmt} {spec.activation} {cfg.name()}", *tiny_bounds(triton_device))
 
 
-# expert-sorted rows through TMA (fused_moe_sorted): interleaved gate/up as one 128-row tile,
+# expert-sorted rows through TMA (sorted_tokens): interleaved gate/up as one 128-row tile,
 # concatenated as two; H = 160 and I = 96 leave partial K blocks and weight tiles that run past an
 # expert's rows (zero-filled by the rank-3 descriptor); T = 40 puts > BLOCK_M pairs on an expert.
 SORTED_CASES = [
@@ -199,9 +201,9 @@ SORTED_CASES = [
 @pytest.mark.parametrize("fmt,spec,e,h,inter,t,k,xs,cfg", SORTED_CASES, ids=[f"{c[0]}-{c[1].activation}-T{c[5]}-H{c[3]}-I{c[4]}-{c[8].name()}" for c in SORTED_CASES])
 def test_sorted_rows_match_reference(triton_device, gen, fmt, spec, e, h, inter, t, k, xs, cfg):
     w13, w2 = experts(fmt, e, 2 * inter, h, gen, bias=True), experts(fmt, e, h, inter, gen, bias=spec.interleaved)
-    assert sorted_ok(w13, w2, spec, cfg.block_n1, cfg.block_n2, cfg.upcast), "the case must take the sorted path"
     x = (torch.randn(t, h, generator=gen) * xs).to(torch.bfloat16)
     w, ids = routed(t, k, e, gen)
+    assert leaf(x, w, ids, w13, w2, spec, cfg) == "triton.sorted", "the case must take the sorted path"
     out = run_triton(x, w, ids, w13, w2, spec, triton_device, cfg)
     assert_moe_close(out, fused_moe_ref(x, w, ids, w13, w2, spec), f"sorted {spec.activation} {cfg.name()}", *tiny_bounds(triton_device))
     gathered = run_triton(x, w, ids, w13, w2, spec, triton_device, replace(cfg, sorted_rows=False))
@@ -271,9 +273,9 @@ def test_sorted_rows_compute_no_overflow_or_nan(triton_device, gen, fmt, spec, x
     reference's within the usual bounds."""
     e, h, inter, t, k = 3, 160, 96, 40, 2
     w13, w2 = experts(fmt, e, 2 * inter, h, gen, bias=True), experts(fmt, e, h, inter, gen, bias=spec.interleaved)
-    assert sorted_ok(w13, w2, spec, cfg.block_n1, cfg.block_n2, cfg.upcast), "the case must take the sorted path"
     x = (torch.randn(t, h, generator=gen) * xs).to(torch.bfloat16)
     w, ids = routed(t, k, e, gen)
+    assert leaf(x, w, ids, w13, w2, spec, cfg) == "triton.sorted", "the case must take the sorted path"
     assert min_exp_arg(x, ids, w13, spec) > EXP_ARG_MAX.value, "the case must reach past exp's float32 range"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -282,58 +284,140 @@ def test_sorted_rows_compute_no_overflow_or_nan(triton_device, gen, fmt, spec, x
 
 
 def test_default_config_at_prefill_takes_sorted_rows(triton_device, gen):
-    """> 160 pairs per expert: the table's last row, expert-sorted rows, matches the reference."""
+    """> 160 pairs per expert: the table's prefill row runs expert-sorted rows (the wgmma kernel does not run
+    interpreted) and matches the reference."""
     w13, w2 = experts("fp8-block", 2, 256, 128, gen, bias=True), experts("fp8-block", 2, 128, 128, gen, bias=True)
     x = torch.randn(170, 128, generator=gen).to(torch.bfloat16)
     w, ids = routed(170, 2, 2, gen)
-    cfg = pick_moe_config(170 * 2, 2, "fp8-block")
-    assert cfg.sorted_rows and sorted_ok(w13, w2, GPT_OSS, cfg.block_n1, cfg.block_n2)
+    assert leaf(x, w, ids, w13, w2, GPT_OSS, device=triton_device) in ("triton.sorted", "triton.sorted_wgmma")
     assert_moe_close(run_triton(x, w, ids, w13, w2, GPT_OSS, triton_device), fused_moe_ref(x, w, ids, w13, w2, GPT_OSS), "default prefill config", *tiny_bounds(triton_device))
 
 
 def test_sorted_rows_only_where_scales_are_uniform_per_tile(triton_device, gen):
-    """FP8-block tiles under two weight-scale blocks (concatenated gate/up with I % 128 != 0, 256
-    interleaved rows), MX experts without upcast operands, or mixed formats keep the gathered-row
-    kernel (and its result)."""
+    """FP8-block tiles under two weight-scale blocks (concatenated gate/up with I % 128 != 0, 256 interleaved rows), MX
+    experts without upcast operands, or weights TMA cannot read run on gathered rows (and give their result)."""
+    def why(fmt, il, h, i, bn1, bn2, upcast=False, dense=True):
+        return sel.sorted_why_not(fmt, il, h, i, MoeConfig(16, bn1, bn2, upcast=upcast), dense)
+
+    assert why("fp8-block", False, 160, 96, 64, 64) and why("fp8-block", True, 160, 96, 64, 64) is None
+    assert why("fp8-block", True, 160, 96, 128, 64), "256 interleaved rows span two scale blocks"
+    assert why("mxfp8", True, 128, 128, 64, 64), "MX on sorted rows needs upcast operands"
+    assert why("mxfp8", True, 128, 128, 128, 128, upcast=True) is None and why("mxfp8", True, 128, 128, 128, 128, True, dense=False)
     w13, w2 = experts("fp8-block", 3, 2 * 96, 160, gen, bias=True), experts("fp8-block", 3, 160, 96, gen, bias=False)
-    assert not sorted_ok(w13, w2, SILU, 64, 64) and sorted_ok(w13, w2, GPT_OSS, 64, 64)
-    assert not sorted_ok(w13, w2, GPT_OSS, 128, 64), "256 interleaved rows span two scale blocks"
-    mx13, mx2 = experts("mxfp8", 3, 256, 128, gen, bias=True), experts("mxfp8", 3, 128, 128, gen, bias=True)
-    assert not sorted_ok(mx13, mx2, GPT_OSS, 64, 64), "MX on sorted rows needs upcast operands"
-    assert sorted_ok(mx13, mx2, GPT_OSS, 128, 128, upcast=True) and not sorted_ok(w13, mx2, GPT_OSS, 64, 64, upcast=True)
     x = torch.randn(6, 160, generator=gen).to(torch.bfloat16)
     w, ids = routed(6, 2, 3, gen)
-    out = run_triton(x, w, ids, w13, w2, SILU, triton_device, MoeConfig(16, 64, 64, sorted_rows=True))
+    cfg = MoeConfig(16, 64, 64, sorted_rows=True)
+    assert leaf(x, w, ids, w13, w2, SILU, cfg) == "triton.moe_steps"
+    out = run_triton(x, w, ids, w13, w2, SILU, triton_device, cfg)
     assert_moe_close(out, fused_moe_ref(x, w, ids, w13, w2, SILU), "fallback to gathered rows", *tiny_bounds(triton_device))
 
 
-def test_wgmma_rules_and_fallback(triton_device, gen, monkeypatch):
-    """The warp-specialised sorted-row kernel: which experts it takes (each refusal names its
-    rule), an explicit config it cannot run raises, the table's falls back to PREFILL_TILED."""
-    from quantkit.kernels.moe import fused_moe as fm
-    from quantkit.kernels.moe.sorted_tokens import wgmma_why_not
-
+def test_wgmma_rules(gen):
+    """The wgmma leaf: which experts and targets it takes (each refusal names its rule); an explicit config it cannot
+    run raises, the table's prefill row falls back to Triton sorted rows."""
+    h200, a100 = TARGETS["h200"], Target("cuda", (8, 0), 108, "a100", frozenset())
+    wg = MoeConfig(64, 64, 128, num_stages=4, sorted_rows=True, wgmma=True)
+    assert sel.wgmma_why_not(h200, "fp8-block", True, 2880, 2880, wg, True) is None
+    assert "FP8-block experts only" in sel.wgmma_why_not(h200, "mxfp8", True, 2880, 2880, wg, True)
+    assert "64 or 128 rows only" in sel.wgmma_why_not(h200, "fp8-block", True, 2880, 2880, replace(wg, block_m=32), True)
+    assert "one scale block" in sel.wgmma_why_not(h200, "fp8-block", False, 160, 96, wg, True)  # concatenated gate/up, I = 96
+    assert "sm_90" in sel.wgmma_why_not(a100, "fp8-block", True, 2880, 2880, wg, True)
+    assert sel.select(h200, 8192, 32, 4, 2880, 2880, "fp8-block", interleaved=True).kernel == "triton.sorted_wgmma"
+    assert sel.select(a100, 8192, 32, 4, 2880, 2880, "fp8-block", interleaved=True).kernel == "triton.sorted"
+    with pytest.raises(ValueError, match=r"fused_moe 32x64/128/w4/st4/sorted/wgmma: expert blocks of 64 or 128 rows only"):
+        sel.select(h200, 8192, 32, 4, 2880, 2880, "fp8-block", interleaved=True, config=replace(wg, block_m=32))
     w13, w2 = experts("fp8-block", 2, 256, 128, gen, bias=True), experts("fp8-block", 2, 128, 128, gen, bias=True)
-    mx13, mx2 = experts("mxfp8", 2, 256, 128, gen, bias=True), experts("mxfp8", 2, 128, 128, gen, bias=True)
-    odd13, odd2 = experts("fp8-block", 2, 2 * 96, 160, gen, bias=True), experts("fp8-block", 2, 160, 96, gen, bias=False)
-    cpu = torch.device("cpu")
-    assert "FP8-block experts only" in wgmma_why_not(mx13, mx2, GPT_OSS, 128, cpu)
-    assert "expert blocks of 64 or 128 rows only" in wgmma_why_not(w13, w2, GPT_OSS, 32, cpu)
-    assert "sorted-row rules" in wgmma_why_not(odd13, odd2, SILU, 128, cpu)  # concatenated gate/up, I = 96
-    assert wgmma_why_not(w13, w2, GPT_OSS, 128, cpu) in ("Gluon kernels do not run in Triton's CPU interpreter", "wgmma needs an NVIDIA GPU, got cpu")
-    assert MoeConfig(128, 64, 128, num_stages=5, sorted_rows=True, wgmma=True).name() == "128x64/128/w4/st5/sorted/wgmma"
-    assert MoeConfig(16, 32, 128, num_stages=4, pdl=True).name() == "16x32/128/w4/st4/pdl"
-    wg = MoeConfig(32, 64, 128, sorted_rows=True, wgmma=True)  # 32-row blocks: refused on every machine, the H200 included
     x = torch.randn(40, 128, generator=gen).to(torch.bfloat16)
     w, ids = routed(40, 2, 2, gen)
-    with pytest.raises(ValueError, match=r"fused_moe 32x64/128/w4/st3/sorted/wgmma: expert blocks of 64 or 128 rows only"):
-        run_triton(x, w, ids, w13, w2, GPT_OSS, triton_device, wg)
-    monkeypatch.setattr(fm, "pick_moe_config", lambda *a, **k: wg)
-    ran, sorted_experts = [], fm._experts_sorted
-    monkeypatch.setattr(fm, "_experts_sorted", lambda *a: ran.append(a[6]) or sorted_experts(*a))  # a[6]: the config it runs
-    out = run_triton(x, w, ids, w13, w2, GPT_OSS, triton_device)
-    assert ran == [fm.PREFILL_TILED], f"the table's wgmma row must fall back to PREFILL_TILED, ran {ran}"
-    assert torch.equal(out, run_triton(x, w, ids, w13, w2, GPT_OSS, triton_device, fm.PREFILL_TILED))
+    with pytest.raises(ValueError, match="wgmma needs compiled sm_90"):
+        leaf(x, w, ids, w13, w2, GPT_OSS, wg)
+
+
+# ---- selection invariants ------------------------------------------------------------------------------------------
+
+SHAPES = [(32, 4, 2880, 2880, True), (128, 8, 2048, 768, False), (256, 8, 7168, 2048, False), (8, 2, 160, 96, False),
+          (3, 2, 160, 96, True), (64, 6, 2048, 1408, False), (128, 1, 4096, 256, True)]  # (E, k, H, I, interleaved)
+TOKENS = [0, 1, 2, 3, 5, 8, 16, 31, 64, 100, 256, 257, 1000, 1024, 2049, 8192, 16384]
+TEST_TARGETS = [TARGETS["h200"], Target("cuda", (8, 0), 108, "a100", frozenset()), Target("cuda", (9, 0), 132, "h100"), Target("cpu")]
+
+
+def runs(c, target: Target, fmt: str, il: bool, h: int, i: int, dense: bool) -> str | None:
+    """Why the chosen leaf cannot run the shape (None: it can)."""
+    cfg = c.config
+    if sel.fit(cfg, fmt) != cfg or (cfg.pdl and (c.kernel != "triton.moe_steps" or not sel.compiled_sm90(target))):
+        return "a config field the format, leaf or target does not take"
+    if c.kernel == "triton.sorted_wgmma":
+        return sel.wgmma_why_not(target, fmt, il, h, i, cfg, dense)
+    if c.kernel == "triton.sorted":
+        return sel.sorted_why_not(fmt, il, h, i, cfg, dense) or (None if cfg.sorted_rows and not cfg.wgmma else "flags")
+    return None if not cfg.sorted_rows and (cfg.diag or cfg.block_m >= 16) else "gathered rows: 16-row blocks, or diag"
+
+
+@pytest.mark.parametrize("target", TEST_TARGETS, ids=lambda t: t.name or t.type)
+def test_every_choice_names_a_leaf_that_runs_the_shape(target):
+    for (e, k, h, i, il), fmt, t, dense in itertools.product(SHAPES, tables.H200, TOKENS, (True, False)):
+        c = sel.select(target, t, e, k, h, i, fmt, interleaved=il, dense=dense, backend="triton")
+        where = f"{target.name} E{e} k{k} H{h} I{i} {fmt} T{t} dense={dense}: {c} ({c.reason})"
+        assert c.kernel in LEAVES and isinstance(c.config, MoeConfig) and c.reason and "\n" not in c.reason, where
+        assert runs(c, target, fmt, il, h, i, dense) is None, f"{where}: {runs(c, target, fmt, il, h, i, dense)}"
+    assert sel.select(Target("cpu"), 1, 32, 4, 2880, 2880, "mxfp8", interleaved=True).kernel == "torch", "auto never interprets"
+
+
+def test_table_rows_parse_and_name_runnable_configs():
+    """Every row: limits ascending to inf, a one-line reason, fields its format takes; MX block-diagonal rows keep
+    their dots on mma.sync (under 64-row tiles or 4 warps: float32 sums)."""
+    for kind, table in tables.TABLES.items():
+        for fmt, rows in table.items():
+            limits = [r.max_pairs for r in rows]
+            assert limits == sorted(limits) and limits[-1] == float("inf"), (kind, fmt, limits)
+            for r in rows:
+                assert r.reason and "\n" not in r.reason and sel.fit(r.config, fmt) == r.config, (kind, fmt, r)
+                assert not r.config.diag or r.config.num_warps < 4 or max(r.config.block_n1, r.config.block_n2) < 64, r
+    assert sel.sorted_why_not("fp8-block", True, 2880, 2880, tables.PREFILL_TILED, True) is None
+
+
+def test_kernel_map():
+    """48 rows on the H200 (three models, two formats, eight token counts), each a Triton leaf; a CPU target runs the
+    reference."""
+    rows = [r for r in dispatch.kernel_map(TARGETS["h200"]) if r.op == "fused_moe"]
+    assert len(rows) == len(tables.MAP_MODELS) * 2 * len(tables.MAP_TOKENS) == 48
+    assert all(r.choice.kernel in LEAVES and r.choice.reason for r in rows)
+    assert {r.choice.kernel for r in dispatch.kernel_map(Target("cpu")) if r.op == "fused_moe"} == {"torch"}
+
+
+# x, weights and biases with few significant bits and power-of-two scales: every product and sum is exact in float32
+# whatever the order, so each leaf must give the reference's bytes
+def exact_case(fmt: str, spec: MoeSpec, gen: torch.Generator, t: int = 9, e: int = 4, h: int = 256, inter: int = 128):
+    def ints(*shape):
+        return torch.randint(-8, 9, shape, generator=gen).float()
+
+    def make(n, k, bias):
+        q, s = fp8_block.quantize_weight(ints(e, n, k) / 16, "ue8m0") if fmt == "fp8-block" else mxfp8.quantize(ints(e, n, k) / 16)
+        return ExpertWeights(fmt, q, s, (ints(e, n) / 4).to(torch.bfloat16) if bias else None)
+
+    w, ids = routed(t, 2, e, gen)
+    return (ints(t, h) / 2).to(torch.bfloat16), w, ids, make(2 * inter, h, True), make(h, inter, spec.interleaved)
+
+
+LEAF_CASES = [("triton.moe_steps", None), ("triton.moe_steps", MoeConfig(16, 32, 32)), ("triton.sorted", MoeConfig(16, 64, 64, sorted_rows=True))]
+
+
+@pytest.mark.parametrize("fmt", ["fp8-block", "mxfp8"])
+@pytest.mark.parametrize("spec", [MoeSpec("gpt-oss", True, scale_fmt="ue8m0"), MoeSpec("silu", scale_fmt="ue8m0")], ids=["gpt-oss", "silu"])
+@pytest.mark.parametrize("kernel,cfg", LEAF_CASES, ids=["default", "16x32", "sorted"])
+def test_each_leaf_gives_the_references_bytes(triton_device, gen, fmt, spec, kernel, cfg):
+    cfg = replace(cfg, upcast=True) if cfg is not None and cfg.sorted_rows and fmt == "mxfp8" else cfg
+    x, w, ids, w13, w2 = exact_case(fmt, spec, gen)
+    assert leaf(x, w, ids, w13, w2, spec, cfg, triton_device) == kernel
+    out, ref = run_triton(x, w, ids, w13, w2, spec, triton_device, cfg).cpu(), fused_moe_ref(x, w, ids, w13, w2, spec)
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16)), f"{kernel}: {int((out != ref).sum())} elements differ"
+
+
+def test_dispatcher_records_the_leaf(triton_device, gen):
+    x, w, ids, w13, w2 = exact_case("mxfp8", GPT_OSS, gen)
+    ops = dispatch.Dispatcher(backend="triton")
+    ops.call("fused_moe", x.to(triton_device), w.to(triton_device), ids.to(triton_device), on(w13, triton_device), on(w2, triton_device), GPT_OSS)
+    assert ops.ran["fused_moe"] == leaf(x, w, ids, w13, w2, GPT_OSS, device=triton_device) == "triton.moe_steps"
 
 
 def test_split_k_is_used_and_deterministic(triton_device, gen):
@@ -351,15 +435,14 @@ def test_split_k_is_used_and_deterministic(triton_device, gen):
     assert_moe_close(a, fused_moe_ref(x, w, ids, w13, w2, SILU), "auto split", *tiny_bounds(triton_device))
 
 
-@pytest.mark.parametrize("t,fuse", [(1, False), (1, True), (6, False)])  # the default config (None) and fused quantization
-def test_triton_float32_input_and_default_config(triton_device, gen, t, fuse):
+@pytest.mark.parametrize("t", [1, 6])  # the default config
+def test_triton_float32_input_and_default_config(triton_device, gen, t):
     w13, w2 = experts("fp8-block", 4, 256, 128, gen, bias=False), experts("fp8-block", 4, 128, 128, gen, bias=False)
     x = torch.randn(t, 128, generator=gen)
     w, ids = routed(t, 2, 4, gen)
-    cfg = replace(pick_moe_config(t * 2, 4, "fp8-block"), fuse_quant=True) if fuse else None
-    out = run_triton(x, w, ids, w13, w2, SILU, triton_device, cfg)
+    out = run_triton(x, w, ids, w13, w2, SILU, triton_device)
     assert out.dtype == torch.float32
-    assert_moe_close(out, fused_moe_ref(x, w, ids, w13, w2, SILU), f"f32 {'fused-quant' if fuse else 'default'} config", 1e-5)
+    assert_moe_close(out, fused_moe_ref(x, w, ids, w13, w2, SILU), "f32 default config", 1e-5)
 
 
 def test_triton_no_tokens(triton_device, gen):
@@ -387,31 +470,6 @@ def test_wrong_gate_up_layout_is_far_outside_the_tolerance(triton_device, gen):
 def test_registered_with_the_dispatcher():
     assert dispatch.backends("fused_moe")[-1] == "torch" and "triton" in dispatch.backends("fused_moe")
     assert dispatch.which("fused_moe", "cpu") == "torch"
-
-
-def test_config_table():
-    assert pick_moe_config(4, 128, "fp8-block").block_m == 16  # GPT-OSS decode, T = 1
-    assert pick_moe_config(8192 * 4, 128, "fp8-block") == MOE_CONFIGS[-1][1] and MOE_CONFIGS[-1][1].sorted_rows
-    assert pick_moe_config(8192 * 4, 128, "mxfp8") == MX_PREFILL_CONFIG and MX_PREFILL_CONFIG.upcast and MX_PREFILL_CONFIG.sorted_rows
-    concat = pick_moe_config(8192 * 8, 256, "mxfp8", interleaved=False)  # DeepSeek-V3 prefill: 64-column MX steps
-    assert concat.mx_step == 64 and MX_PREFILL_CONFIG.mx_step == 32 and concat == replace(MX_PREFILL_CONFIG, mx_step=64)
-    assert pick_moe_config(160 * 128, 128, "mxfp8") == replace(MOE_CONFIGS[-2][1], upcast=True)
-    assert not pick_moe_config(4, 128, "mxfp8").upcast
-    assert pick_moe_config(4, 128, "fp8-block").block_n1 == 32  # ninth pass
-    # twelfth pass: 256-column K steps for FP8-block experts from 2 tokens (GPT-OSS-120B) to (sixteenth pass) 16 pairs per expert;
-    # never for MX; then 64-row blocks to 48 pairs
-    assert pick_moe_config(4, 128, "fp8-block").block_k == 128 and pick_moe_config(8, 256, "fp8-block").block_k == 128
-    assert pick_moe_config(8, 128, "fp8-block").block_k == pick_moe_config(2048, 128, "fp8-block").block_k == 256
-    assert pick_moe_config(2049, 128, "fp8-block").block_k == 128 and pick_moe_config(2049, 128, "fp8-block").block_m == 64
-    assert pick_moe_config(48 * 128, 128, "fp8-block").block_m == 64 and not pick_moe_config(48 * 128, 128, "fp8-block").upcast
-    assert all(pick_moe_config(n, 128, "mxfp8").block_k == 128 for n in (4, 8, 1024, 2049, 8192 * 4))
-    assert not any(pick_moe_config(n, 128, "fp8-block").diag for n in (4, 256, 1024, 8192 * 4)), "diag is MX only"
-    # MX decode (eleventh pass): block-diagonal dots to 16 pairs per expert, then 32-row blocks to 48, then the shared table
-    assert pick_moe_config(4, 128, "mxfp8") == MX_DECODE[0][1] and pick_moe_config(256, 128, "mxfp8") == MX_DECODE[0][1]
-    assert pick_moe_config(257, 128, "mxfp8") == pick_moe_config(2048, 128, "mxfp8") == MX_DECODE[1][1]
-    assert not pick_moe_config(2049, 128, "mxfp8").diag and pick_moe_config(2049, 128, "mxfp8").block_m == 32
-    for _, c in MX_DECODE:  # Triton takes wgmma (about 14-bit sums of fp8 products) for 64+ row dots on 4+ warps; mma.sync sums in float32
-        assert c.diag and (c.num_warps < 4 or max(c.block_n1, c.block_n2) < 64), f"{c.name()} would run its fp8 dots on wgmma"
 
 
 def test_rejects_bad_inputs(gen):
@@ -467,18 +525,17 @@ def gpt_oss_tokens(t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("t", [1, 16, 128, 1000])
 def test_gpu_gpt_oss_shapes(gpt_oss_experts, t):
-    """Compiled kernels vs the reference on the same GPU: the default config and every table config."""
+    """Compiled kernels vs the reference on the same GPU: the default config and every table row of the format."""
     w13, w2 = gpt_oss_experts
     x, w, ids = gpt_oss_tokens(t)
     ref = fused_moe_ref(x, w, ids, w13, w2, GPT_OSS)
-    assert dispatch.which("fused_moe", x.device) == "triton"
+    assert dispatch.which("fused_moe", x.device) == "triton" and dispatch.which("fused_moe", x, w, ids, w13, w2, GPT_OSS) in LEAVES
     out = dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS)
     assert_moe_close(out, ref, f"gpt-oss {w13.fmt} T={t}", 1e-2)
     assert torch.equal(out, dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS)), "deterministic"
-    mx_only = [MX_PREFILL_CONFIG, replace(MX_PREFILL_CONFIG, mx_step=64)] + [c for _, c in MX_DECODE]  # 64: concatenated gate/up's step
-    for cfg in [c for _, c in MOE_CONFIGS] + (mx_only if w13.fmt == "mxfp8" else []):
-        cfg = PREFILL_TILED if cfg.wgmma and w13.fmt == "mxfp8" else cfg  # the wgmma kernel is FP8-block only (an explicit config raises)
-        cfg = replace(cfg, upcast=cfg.upcast or (w13.fmt == "mxfp8" and cfg.block_m >= 64))
+    rows = [r.config for r in tables.H200[w13.fmt]] + [tables.PREFILL_TILED]
+    rows += [replace(rows[-2], mx_step=tables.MX_STEP_CONCAT)] if w13.fmt == "mxfp8" else []
+    for cfg in rows:
         assert_moe_close(run_triton(x, w, ids, w13, w2, GPT_OSS, "cuda", cfg), ref, f"gpt-oss {w13.fmt} T={t} {cfg.name()}", 1e-2)
 
 
@@ -488,13 +545,13 @@ def test_gpu_gpt_oss_shapes(gpt_oss_experts, t):
 def test_gpu_mx_decode_sums_in_float32(t):
     """The MX decode table's block-diagonal dots run where Triton sums fp8 products in float32 (mma.sync), like the
     per-32 promoted dots of 16-row blocks: outputs within 1e-3 relative L2 of theirs at GPT-OSS-120B expert shapes
-    (on wgmma, whose sums keep about 14 bits, the re-quantized intermediate moved them 3e-3 - 4e-3: eleventh pass)."""
+    (on wgmma, whose sums keep about 14 bits, the re-quantized intermediate moves them 3e-3 - 4e-3)."""
     g = torch.Generator().manual_seed(t)
     w13, w2 = experts("mxfp8", 8, 5760, 2880, g, True, "cuda"), experts("mxfp8", 8, 2880, 2880, g, True, "cuda")
     x = torch.randn(t, 2880, generator=g).to(torch.bfloat16).cuda()
     w, ids = routed(t, 4, 8, g, "cuda")
-    cfg = pick_moe_config(t * 4, 8, "mxfp8")
-    assert cfg.diag and cfg in [c for _, c in MX_DECODE]
+    cfg = dispatch.choose("fused_moe", x, w, ids, w13, w2, GPT_OSS).config
+    assert cfg.diag
     out = run_triton(x, w, ids, w13, w2, GPT_OSS, "cuda", cfg).float()
     per32 = run_triton(x, w, ids, w13, w2, GPT_OSS, "cuda", MoeConfig(16, 32, 32)).float()
     gap = ((out - per32).norm() / per32.norm()).item()
@@ -519,10 +576,10 @@ def test_gpu_sorted_rows(fmt, spec, h, inter):
     wg = MoeConfig(128, 64, 128, num_stages=5, sorted_rows=True, wgmma=True)
     cfgs += [] if up else [wg, replace(wg, block_m=64)]  # the warp-specialised kernel, 128- and 64-row blocks (last: graph-replayed)
     for cfg in cfgs:
-        assert sorted_ok(w13, w2, spec, cfg.block_n1, cfg.block_n2, cfg.upcast)
+        assert leaf(x, w, ids, w13, w2, spec, cfg, "cuda") == ("triton.sorted_wgmma" if cfg.wgmma else "triton.sorted")
         out = run_triton(x, w, ids, w13, w2, spec, "cuda", cfg)
         assert_moe_close(out, ref, f"sorted {spec.activation} {cfg.name()}", 1e-2)
-        gathered = run_triton(x, w, ids, w13, w2, spec, "cuda", replace(cfg, sorted_rows=False))
+        gathered = run_triton(x, w, ids, w13, w2, spec, "cuda", replace(cfg, sorted_rows=False, wgmma=False))
         assert_moe_close(out, gathered, f"sorted vs gathered {cfg.name()}", 1e-3)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -541,8 +598,8 @@ def test_gpu_programmatic_dependent_launch_changes_no_byte(fmt):
     changes."""
     g = torch.Generator().manual_seed(11)
     w13, w2 = experts(fmt, 32, 5760, 2880, g, True, "cuda"), experts(fmt, 32, 2880, 2880, g, True, "cuda")
-    rows = [c for _, c in (MOE_CONFIGS if fmt == "fp8-block" else MX_DECODE) if c.pdl]
-    assert len(rows) == (3 if fmt == "fp8-block" else 2), [c.name() for c in rows]  # the few-token rows (FP8-block: and the 64-row one)
+    rows = [r.config for r in tables.H200[fmt] if r.config.pdl]
+    assert rows, f"no {fmt} row launches as programmatic dependents"
     for t, cfg in itertools.product((1, 4, 256), rows):  # 0.125, 0.5 and 32 (token, slot) pairs per expert
         x = torch.randn(t, 2880, generator=g).to(torch.bfloat16).cuda()
         w, ids = routed(t, 4, 32, g, "cuda")
@@ -561,7 +618,7 @@ def test_gpu_programmatic_dependent_launch_changes_no_byte(fmt):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 def test_gpu_cuda_graph_capture_replays_without_host_sync(gpt_oss_experts):
     w13, w2 = gpt_oss_experts
-    for t in (1, 16):  # fused quantization, then separate quantization kernels
+    for t in (1, 16):  # two decode rows
         x, w, ids = gpt_oss_tokens(t)
         eager = dispatch.call("fused_moe", x, w, ids, w13, w2, GPT_OSS)
         s = torch.cuda.Stream()

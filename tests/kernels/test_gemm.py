@@ -1,5 +1,5 @@
-"""Triton block-scaled GEMMs (FP8-block, MXFP8 emulated, MXFP8 with 128x128 weights) against
-the torch references of quantkit/kernels/gemm/scaled_mm.py, which dequantize with quantkit.formats.
+"""Triton block-scaled GEMMs (FP8-block, MXFP8 emulated, MXFP8 dequantized to bf16) against
+the torch references of quantkit/kernels/gemm/gemm_ref.py, which dequantize with quantkit.formats.
 
 CPU: Triton's interpreter (conftest.py), tiny awkward shapes: M = 1, K not a multiple of 128,
 N not a multiple of the tile, swap-AB, split-K, bias, TMA, persistent tiles; the small-M kernel
@@ -25,12 +25,11 @@ import torch
 from quantkit.formats import exact, fp8_block, mxfp8
 from quantkit.kernels import dispatch
 from quantkit.kernels.gemm.block_scaled import WORKSPACE, Config, Side, Workspace, auto_split, split_plan
-from quantkit.kernels.gemm.fp8_block import FP8_BLOCK_CONFIGS, SMALL_M, pick_config
-from quantkit.kernels.gemm.mxfp8 import MXFP8_CONFIGS, W128_CONFIGS, by_shape_choice_mx, mx_to_bf16, requant_weight_128
+from quantkit.kernels.gemm.mxfp8 import mx_to_bf16
 from quantkit.kernels.gemm.skinny import SkinnyConfig, block_m_for, scale_words_ok, skinny_split
 from quantkit.kernels.gemm.wgmma import WgmmaConfig
 from quantkit.kernels.gemm.wgmma import splits as wgmma_splits
-from quantkit.kernels.gemm.scaled_mm import gemm_fp8_block_ref, gemm_mxfp8_ref, gemm_mxfp8_w128_ref
+from quantkit.kernels.gemm.gemm_ref import gemm_fp8_block_ref, gemm_mxfp8_ref
 
 HAS_CUDA = torch.cuda.is_available()
 BF16_ULP = 2.0**-7  # spacing of bfloat16 relative to the value, at worst
@@ -175,36 +174,6 @@ def test_mxfp8_small_m_special_scales_match_reference(triton_device, gen):
         assert (ref[:, 9] != 0).any() and torch.equal(out[:, 9] != 0, ref[:, 9] != 0)
 
 
-@pytest.mark.parametrize("cfg", [Config(16, 64, swap_ab=True, split_k=2), Config(16, 32, upcast=True), SkinnyConfig(block_n=64), SkinnyConfig(block_n=64, upcast=True)], ids=lambda c: c.name())
-def test_mxfp8_w128_path_computes_the_mx_function(triton_device, gen, cfg):
-    a, sa, q, sw, b = mx_case(3, 200, 288, gen, True, triton_device, pow2_weight=True)
-    q128, s128 = requant_weight_128(q, sw)
-    ref = gemm_mxfp8_ref(a.cpu(), sa.cpu(), q.cpu(), sw.cpu(), b.cpu(), torch.float32)
-    assert torch.equal(gemm_mxfp8_w128_ref(a.cpu(), sa.cpu(), q128.cpu(), s128.cpu(), b.cpu(), torch.float32), ref)
-    out = triton_call("gemm_mxfp8_w128", a, sa, q128, s128, b, torch.float32, config=cfg)
-    assert_gemm_close(out, ref, f"mxfp8 w128 {cfg.name()}", 1e-5)
-
-
-def test_requant_weight_128_is_exact_inverse_of_pow2_block_to_mx(gen):
-    w = torch.randn(200, 288, generator=gen) * torch.logspace(-3, 1, 288)
-    qb, sb = fp8_block.quantize_weight(w, "ue8m0")
-    q128, s128 = requant_weight_128(*exact.fp8_block_pow2_to_mxfp8(qb, sb))
-    assert torch.equal(q128.view(torch.uint8), qb.view(torch.uint8))
-    assert torch.equal(s128, sb)
-
-
-def test_requant_weight_128_rejects_inexact_tiles(gen):
-    q, s = mxfp8.quantize(torch.randn(130, 256, generator=gen) * torch.logspace(-2, 0, 256))
-    with pytest.raises(ValueError, match=r"not exact: tile \(0, [01]\) element"):
-        requant_weight_128(q, s)
-    s_nan = mxfp8.quantize(torch.ones(4, 64))[1]
-    s_nan[0, 1] = 0xFF
-    with pytest.raises(ValueError, match="not exact"):
-        requant_weight_128(torch.ones(4, 64).to(torch.float8_e4m3fn), s_nan)
-    with pytest.raises(ValueError, match="K % 32"):
-        requant_weight_128(torch.ones(4, 48).to(torch.float8_e4m3fn), torch.zeros(4, 1, dtype=torch.uint8))
-
-
 def test_mxfp8_gemm_rejects_k_not_multiple_of_32(triton_device):
     a = torch.zeros(2, 48, dtype=torch.float8_e4m3fn, device=triton_device)
     s = torch.zeros(2, 2, dtype=torch.uint8, device=triton_device)
@@ -235,20 +204,6 @@ def test_launcher_asserts_layouts(triton_device, gen):
         triton_call("gemm_fp8_block", a, sa, q, sw, config=SkinnyConfig(block_m=8))
 
 
-def test_table_uses_tma_only_on_aligned_rows():
-    from quantkit.kernels.gemm.block_scaled import Side
-    from quantkit.kernels.gemm.fp8_block import TILED_LARGE, table_config
-
-    def sides(k: int) -> tuple[Side, Side]:
-        a = torch.zeros(2048, k, dtype=torch.float8_e4m3fn)
-        w = torch.zeros(256, k, dtype=torch.float8_e4m3fn)
-        return Side(a, torch.ones(2048, -(-k // 128)), 1, 128), Side(w, torch.ones(2, -(-k // 128)), 128, 128)
-
-    assert table_config(FP8_BLOCK_CONFIGS, *sides(2880)) == TILED_LARGE  # no sm_90 here: the tiled fallback
-    assert table_config(FP8_BLOCK_CONFIGS, *sides(2880)).tma  # 2880 bytes per row: 16-byte aligned
-    assert not table_config(FP8_BLOCK_CONFIGS, *sides(200)).tma
-
-
 def test_mx_to_bf16_is_the_exact_dequantization(triton_device, gen):
     x = torch.randn(5, 96, generator=gen) * torch.logspace(-20, 20, 96)  # scales far from 1 both ways
     q, s = mxfp8.quantize(x)
@@ -258,16 +213,13 @@ def test_mx_to_bf16_is_the_exact_dequantization(triton_device, gen):
 
 
 def test_mxfp8_dequant_bf16_path(triton_device, gen):
-    for m in (3, 70):  # by-shape runs Triton at M = 3, dequant-bf16 at 70
+    for m in (3, 70):
         a, sa, q, sw, b = mx_case(m, 80, 224, gen, True, triton_device)
         ref = gemm_mxfp8_ref(a.cpu(), sa.cpu(), q.cpu(), sw.cpu(), b.cpu(), torch.float32)
-        outs = {bk: dispatch.call("gemm_mxfp8", a, sa, q, sw, b, torch.float32, backend=bk) for bk in ("dequant-bf16", "by-shape", "triton")}
-        for backend, out in outs.items():
-            assert_gemm_close(out, ref, f"mxfp8 {backend} M={m}", 1e-5)
-        assert torch.equal(outs["by-shape"], outs["triton" if m <= 64 else "dequant-bf16"]), f"by-shape at M = {m} took the other path"
-    # auto runs by-shape where Triton is compiled (interpreted: explicit backends only); Triton to M = 64 (eleventh pass)
-    assert (dispatch.which("gemm_mxfp8", "cuda") == "by-shape") if HAS_CUDA else (dispatch.which("gemm_mxfp8", "cpu") == "torch")
-    assert [by_shape_choice_mx(m) for m in (1, 64, 65, 8192)] == ["triton", "triton", "dequant-bf16", "dequant-bf16"]
+        for backend in ("dequant-bf16", "triton"):
+            assert_gemm_close(dispatch.call("gemm_mxfp8", a, sa, q, sw, b, torch.float32, backend=backend), ref, f"mxfp8 {backend} M={m}", 1e-5)
+    # auto runs the selection through the triton backend where Triton is compiled (interpreted: explicit backends only)
+    assert dispatch.which("gemm_mxfp8", "cuda" if HAS_CUDA else "cpu") == ("triton" if HAS_CUDA else "torch")
 
 
 def test_split_k_is_deterministic_and_leaves_counters_at_zero(triton_device, gen):
@@ -295,16 +247,7 @@ def test_workspace_grows_and_keeps_old_buffers():
     assert isinstance(WORKSPACE, Workspace)
 
 
-def test_config_tables_and_split_rules():
-    for table in (FP8_BLOCK_CONFIGS, MXFP8_CONFIGS, W128_CONFIGS):
-        assert isinstance(pick_config(table, 1), SkinnyConfig) and isinstance(pick_config(table, 32), SkinnyConfig)
-        assert pick_config(table, 2**31) is table[-1][1]
-    assert isinstance(pick_config(MXFP8_CONFIGS, 64), SkinnyConfig) and isinstance(pick_config(W128_CONFIGS, 64), SkinnyConfig)
-    assert isinstance(pick_config(MXFP8_CONFIGS, 65), Config) and isinstance(pick_config(W128_CONFIGS, 65), Config)
-    assert isinstance(pick_config(FP8_BLOCK_CONFIGS, 65), WgmmaConfig)
-    ms = (33, 64, 65, 128, 129, 256, 257, 8192)
-    assert [pick_config(FP8_BLOCK_CONFIGS, m).split_k for m in ms] == [1, 1, 0, 0, 0, 0, 1, 1], "split-K asked at M = 65-256 only"
-    assert [pick_config(FP8_BLOCK_CONFIGS, m).block_n for m in ms] == [128, 128, 0, 0, 0, 0, 128, 128], "narrow tiles picked at M = 65-256"
+def test_split_rules():
     # narrow tiles first: DeepSeek-V3 o at M = 128 takes 112 tiles of 64 columns, which fill the SMs without a split
     assert wgmma_splits(128, 7168, 16384, WgmmaConfig(split_k=0, block_n=0), 132) == (1, 128)
     # DeepSeek-V3 o at M = 128: 56 tiles, 128 K-blocks -> 2 runs of 64; q_a+kv_a (17 tiles, 56 blocks) -> 2 of 28
@@ -315,9 +258,6 @@ def test_config_tables_and_split_rules():
     assert wgmma_splits(64, 2880, 2880, WgmmaConfig(split_k=3), 132) == (3, 8), "explicit: 8 + 8 + 7 blocks"
     assert wgmma_splits(64, 2880, 2880, WgmmaConfig(split_k=30), 132) == (23, 1), "never an empty run"
     assert wgmma_splits(64, 2880, 2880, WgmmaConfig(split_k=9), 132) == (8, 3), "9 wanted: runs of 3 blocks leave 8"
-    assert pick_config(MXFP8_CONFIGS, 8192).block_n == pick_config(W128_CONFIGS, 8192).block_n == 128
-    with pytest.raises(ValueError, match="no GEMM configuration"):
-        pick_config(FP8_BLOCK_CONFIGS, 2**31 + 1)
     assert auto_split(tiles=45, n_kb=23, sms=132) == 6  # (2880, 2880) at M=1: 45 weight tiles of 64 rows
     assert auto_split(tiles=512, n_kb=4, sms=132) == 1  # (32768, 512): enough tiles already
     assert auto_split(tiles=10, n_kb=3, sms=132) == 1  # too little K to split
@@ -334,10 +274,11 @@ def test_config_tables_and_split_rules():
     assert skinny_split(cfg, tiles=45, k=512, block_m=64, sms=132) == (1, 4)
     # (2880, 2880) at M=1: 45 tiles -> 12 splits wanted, capped at 11 (2 K-blocks each) -> 8 x 3 blocks
     assert skinny_split(cfg, tiles=45, k=2880, block_m=16, sms=132) == (8, 3)
-    # the table's small-M config leaves K <= 2048 whole (DeepSeek-V3 / Qwen3-235B expert down) and splits longer K
-    assert SMALL_M.unsplit_kb == 16 and skinny_split(SMALL_M, tiles=112, k=2048, block_m=16, sms=132) == (1, 16)
-    assert skinny_split(replace(SMALL_M, unsplit_kb=0), tiles=112, k=2048, block_m=16, sms=132) == (3, 6)
-    assert skinny_split(SMALL_M, tiles=45, k=2880, block_m=16, sms=132) == (6, 4), "K = 2880 (23 blocks) is still split"
+    # unsplit_kb = 16 leaves K <= 2048 whole and splits a longer K
+    whole = SkinnyConfig(waves=2, unsplit_kb=16)
+    assert skinny_split(whole, tiles=112, k=2048, block_m=16, sms=132) == (1, 16)
+    assert skinny_split(replace(whole, unsplit_kb=0), tiles=112, k=2048, block_m=16, sms=132) == (3, 6)
+    assert skinny_split(whole, tiles=45, k=2880, block_m=16, sms=132) == (6, 4), "K = 2880 (23 blocks) is still split"
     assert skinny_split(SkinnyConfig(unsplit_kb=16, split_k=3), tiles=112, k=2048, block_m=16, sms=132) == (3, 6), "an explicit split wins"
 
 
@@ -375,18 +316,13 @@ def test_gpu_fp8_block_gemm(gen, m, n, k):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("m,n,k", GPU_SHAPES)
 def test_gpu_mxfp8_gemm(gen, m, n, k):
-    a, sa, q, sw, b = mx_case(m, n, k, gen, True, "cuda")  # general MX weight: emulation only
+    a, sa, q, sw, b = mx_case(m, n, k, gen, True, "cuda")
     ref = gemm_mxfp8_ref(a, sa, q, sw, b, torch.float32)
-    _, _, qp, swp, _ = mx_case(1, n, k, gen, False, "cuda", pow2_weight=True)  # 128x128-exact weight
-    ref_p = gemm_mxfp8_ref(a, sa, qp, swp, b, torch.float32)
-    q128, s128 = requant_weight_128(qp, swp)
     for up in (False, True):
         cfg = Config(64, 128, upcast=up, tma=m > 64) if m > 64 else Config(16, 64, swap_ab=True, split_k=0, upcast=up)
         assert_gemm_close(triton_call("gemm_mxfp8", a, sa, q, sw, b, config=cfg), ref, f"mxfp8 {m}x{n}x{k} {cfg.name()}", 1e-3)
-        assert_gemm_close(triton_call("gemm_mxfp8_w128", a, sa, q128, s128, b, config=cfg), ref_p, f"mxfp8 w128 {m}x{n}x{k} {cfg.name()}", 1e-3)
-    assert_gemm_close(triton_call("gemm_mxfp8", a, sa, q, sw, b), ref, f"mxfp8 {m}x{n}x{k} table", 1e-3)
-    assert_gemm_close(triton_call("gemm_mxfp8_w128", a, sa, q128, s128, b), ref_p, f"mxfp8 w128 {m}x{n}x{k} table", 1e-3)
-    for backend in ("dequant-bf16", "by-shape"):
+    assert_gemm_close(triton_call("gemm_mxfp8", a, sa, q, sw, b), ref, f"mxfp8 {m}x{n}x{k} selected", 1e-3)
+    for backend in ("dequant-bf16", "auto"):
         out = dispatch.call("gemm_mxfp8", a, sa, q, sw, b, backend=backend)
         assert_gemm_close(out, ref, f"mxfp8 {backend} {m}x{n}x{k}", 1e-3)
 
@@ -430,13 +366,3 @@ def test_gpu_cuda_graph_replays_match_eager(gen, m, cfg):
         torch.cuda.synchronize()
         assert torch.equal(out, call()), f"graph replay differs from eager ({cfg.name()})"
         assert not ws.counters(1, a.device).any()
-
-
-def test_small_m_table_takes_two_split_k_programs_per_sm():
-    """The FP8-block table's small-M rows split K for 2 programs per SM (measured best on the H200)."""
-    from quantkit.kernels.gemm.skinny import SkinnyConfig, skinny_split
-
-    cfg = FP8_BLOCK_CONFIGS[0][1]
-    assert isinstance(cfg, SkinnyConfig) and cfg.waves == 2
-    # DeepSeek-V3 o at M = 1: 7168 / 64 = 112 tiles; 2 x 132 programs wanted -> 3 splits of 43 K-blocks
-    assert skinny_split(cfg, tiles=112, k=16384, block_m=16, sms=132) == (3, 43)

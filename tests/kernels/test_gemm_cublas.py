@@ -1,4 +1,4 @@
-"""The GEMM ops' torch references, their registration, and the cuBLAS backend's layouts.
+"""The GEMM ops' torch references, their registration, and the layouts of the benchmarks' cuBLAS baseline.
 
 The reference is checked against DeepSeek's published per-tile formula (inference/kernel.py
 fp8_gemm: per 128-K block, the product of the fp8 tiles times a_s * w_s, summed in float32).
@@ -16,6 +16,7 @@ from .test_gemm import assert_gemm_close, fp8_block_case
 
 from quantkit.kernels import dispatch
 from quantkit.kernels.gemm import scaled_mm as sm
+from quantkit.kernels.gemm.gemm_ref import gemm_fp8_block_ref
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -37,9 +38,9 @@ def deepseek_fp8_gemm(a, sa, w, sw) -> torch.Tensor:
 def test_reference_is_deepseeks_per_tile_formula(gen, m, n, k):
     a, sa, q, sw, b = fp8_block_case(m, n, k, gen, True, "cpu")
     want = deepseek_fp8_gemm(a, sa, q, sw) + b.double()
-    got = sm.gemm_fp8_block_ref(a, sa, q, sw, b, torch.float32)
+    got = gemm_fp8_block_ref(a, sa, q, sw, b, torch.float32)
     assert_gemm_close(got, want, "reference vs DeepSeek's formula", 1e-6)
-    assert sm.gemm_fp8_block_ref(a, sa, q, sw, b).dtype == torch.bfloat16
+    assert gemm_fp8_block_ref(a, sa, q, sw, b).dtype == torch.bfloat16
 
 
 def read_back_as_cublas(ap: torch.Tensor, sa: torch.Tensor, cw: sm.CublasWeight) -> torch.Tensor:
@@ -69,7 +70,7 @@ def test_cublas_layouts(gen, m, n, k):
     assert not ap[m:].view(torch.uint8).any() and not ap[:, k:].view(torch.uint8).any()
     assert sa_c.shape == (mp, kp // 128) and sa_c.stride() == (1, mp), "scale_a must be column-major"
     assert torch.equal(sa_c[:m], sa) and not sa_c[m:].any()
-    want = sm.gemm_fp8_block_ref(a, sa, q, sw, None, torch.float32)
+    want = gemm_fp8_block_ref(a, sa, q, sw, None, torch.float32)
     got = read_back_as_cublas(ap, sa_c, cw)
     assert not got[m:].any(), "padded rows give zeros, cut off after the call"
     assert_gemm_close(got[:m], want, "cuBLAS layout read back", 1e-6)
@@ -95,28 +96,10 @@ def test_meta_scaled_mm_accepts_the_layouts(gen, m):
 
 
 def test_gemm_ops_are_registered():
-    assert dispatch.backends("gemm_fp8_block")[-1] == "torch"
-    assert {"triton", "cublas", "by-shape"} <= set(dispatch.backends("gemm_fp8_block"))
-    assert set(dispatch.backends("gemm_mxfp8")) == {"by-shape", "triton", "dequant-bf16", "torch"}
-    assert set(dispatch.backends("gemm_mxfp8_w128")) == {"triton", "torch"}
+    assert dispatch.backends("gemm_fp8_block") == ["triton", "deepgemm", "torch"]
+    assert dispatch.backends("gemm_mxfp8") == ["triton", "dequant-bf16", "torch"]
     assert dispatch.which("gemm_fp8_block", "cpu") == "torch"
-
-
-def test_cublas_backend_refuses_cpu(gen):
-    a, sa, q, sw, _ = fp8_block_case(2, 128, 128, gen, False, "cpu")
-    with pytest.raises(dispatch.BackendUnavailable, match="cuBLAS needs a CUDA device"):
-        dispatch.call("gemm_fp8_block", a, sa, q, sw, backend="cublas")
-    with pytest.raises(dispatch.BackendUnavailable, match="by-shape"):
-        dispatch.call("gemm_fp8_block", a, sa, q, sw, backend="by-shape")
-
-
-def test_by_shape_rule(monkeypatch):
-    # no device given: the deepgemm rows run Triton (test_deepgemm.py checks them with a device)
-    assert [sm.by_shape_choice(m, 7168, 2048) for m in (1, 24, 33, 64, 65, 512, 4096)] == ["triton"] * 7
-    assert sm.BY_SHAPE_FP8[-1][0] >= 2**31, "the table covers every M"
-    monkeypatch.setattr(sm, "BY_SHAPE_FP8", ((32, "triton"), (sm.INT32_LIMIT, "cublas")))  # a cuBLAS row, as bench_gemm may suggest
-    assert [sm.by_shape_choice(m, 7168, 2048) for m in (32, 33)] == ["triton", "cublas"]
-    assert sm.by_shape_choice(4096, 2120, 2048) == "triton"  # N % 16 != 0: cuBLAS FP8 cannot
+    assert not sm.cublas_available(torch.device("cpu")).ok
 
 
 # ---- GPU ----------------------------------------------------------------------------------------
@@ -126,7 +109,7 @@ def check_fp8_backend(gen, m: int, n: int, k: int, bias: bool, backend: str, wha
     """One random fp8-block case on CUDA through ``backend``, checked against the float32 reference;
     returns the operands and the reference."""
     a, sa, q, sw, b = fp8_block_case(m, n, k, gen, bias, "cuda")
-    ref = sm.gemm_fp8_block_ref(a, sa, q, sw, b, torch.float32)
+    ref = gemm_fp8_block_ref(a, sa, q, sw, b, torch.float32)
     out = dispatch.call("gemm_fp8_block", a, sa, q, sw, b, backend=backend)
     assert out.dtype == torch.bfloat16 and out.shape == (m, n)
     assert_gemm_close(out, ref, f"{what} {m}x{n}x{k} bias={bias}", 1e-3)
@@ -137,8 +120,12 @@ def check_fp8_backend(gen, m: int, n: int, k: int, bias: bool, backend: str, wha
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("m,n,k", [(1, 2112, 2880), (5, 2112, 2880), (64, 2112, 7168), (1024, 2880, 2880), (1024, 4096, 7168)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_gpu_cublas_backend(gen, m, n, k, bias):
-    (a, sa, q, sw, b), ref = check_fp8_backend(gen, m, n, k, bias, "cublas", f"cuBLAS ({sm.api()})")
-    out = dispatch.call("gemm_fp8_block", a, sa, q, sw, b)  # auto -> by-shape
-    assert dispatch.which("gemm_fp8_block", a.device) == "by-shape"
-    assert_gemm_close(out, ref, f"by-shape ({sm.by_shape_choice(m, n, k, a.device)}) {m}x{n}x{k}", 1e-3)
+def test_gpu_cublas_baseline_and_auto(gen, m, n, k, bias):
+    """The benchmarks' cuBLAS baseline on prepared operands, and auto's leaf, against the float32 reference."""
+    a, sa, q, sw, b = fp8_block_case(m, n, k, gen, bias, "cuda")
+    ref = gemm_fp8_block_ref(a, sa, q, sw, b, torch.float32)
+    cw = sm.prepare_weight(q, sw)
+    ap, sa_c = sm.prepare_act(a, sa, cw.mat_b.shape[0])
+    y = sm.scaled_mm_prepared(ap, sa_c, cw, b, torch.bfloat16)[:m]
+    assert_gemm_close(y, ref, f"cuBLAS ({sm.api()}) {m}x{n}x{k} bias={bias}", 1e-3)
+    (a, sa, q, sw, b), ref = check_fp8_backend(gen, m, n, k, bias, "auto", f"auto ({dispatch.which('gemm_fp8_block', a, sa, q, sw, b)})")

@@ -2,7 +2,7 @@
 MoE's sorted-row GEMMs built from it (fused_moe_sorted.sorted_gemm_wgmma).
 
 Gluon kernels do not run in Triton's CPU interpreter, so CI checks what it can without a GPU:
-the rules that decide where the kernel runs (and the fallback the table takes elsewhere), and the
+the rules that decide where the kernel runs (tests/kernels/test_gemm_select.py: where the selection sends it), and the
 kernel compiled for sm_90 by the installed Triton and its ptxas: the warp-specialised structure
 is there, the promotion overlaps the tensor core (``wgmma.wait_group 1``), and ptxas neither
 serialises the wgmma pipeline (its C7514 / C7517 diagnostics) nor spills more than a few
@@ -18,22 +18,14 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import replace
 
 import pytest
 import torch
 
 from quantkit.formats import fp8_block
 from quantkit.kernels.gemm.block_scaled import Side
-from quantkit.kernels.gemm.fp8_block import (
-    FP8_BLOCK_CONFIGS,
-    SMALL_M,
-    TILED_LARGE,
-    TILED_MID,
-    gemm_fp8_block,
-    pick_config,
-    table_config,
-)
+from quantkit.kernels import dispatch
+from quantkit.kernels.gemm.fp8_block import gemm_fp8_block
 from quantkit.kernels.gemm.wgmma import CONSUMER_REGS, LOADER_REGS, WgmmaConfig, gluon_missing, wgmma_available, why_not
 
 
@@ -57,18 +49,6 @@ def test_why_not_names_each_rule():
     assert "16-byte aligned" in why_not(*unaligned, torch.bfloat16)
     # operands the kernel takes: what is left is this machine
     assert why_not(a, w, torch.bfloat16) == wgmma_available(a.q.device).reason
-
-
-def test_table_takes_wgmma_above_the_small_m_kernel_and_falls_back_where_it_cannot_run():
-    assert not isinstance(pick_config(FP8_BLOCK_CONFIGS, 32), WgmmaConfig)
-    assert isinstance(pick_config(FP8_BLOCK_CONFIGS, 33), WgmmaConfig) and isinstance(pick_config(FP8_BLOCK_CONFIGS, 2**20), WgmmaConfig)
-    # CPU operands: the small-M kernel up to M = 64, then the tiled kernel, 64x128 up to M = 512, then 128x128 (TMA only on
-    # 16-byte aligned rows)
-    assert table_config(FP8_BLOCK_CONFIGS, *sides(64, 256, 2880)) == SMALL_M
-    assert table_config(FP8_BLOCK_CONFIGS, *sides(65, 256, 2880)) == TILED_MID
-    assert table_config(FP8_BLOCK_CONFIGS, *sides(512, 256, 2880)) == TILED_MID
-    assert table_config(FP8_BLOCK_CONFIGS, *sides(513, 256, 2880)) == TILED_LARGE
-    assert table_config(FP8_BLOCK_CONFIGS, *sides(1024, 256, 200)) == replace(TILED_LARGE, tma=False)
 
 
 def test_explicit_config_raises_with_the_rule(gen):
@@ -197,50 +177,20 @@ def test_sm90_moe_build_overlaps_the_promotion_without_serialising(tmp_path, gat
     _assert_pipelined(ptx, facts, report)
 
 
-def test_small_m_rows_of_the_table_where_wgmma_runs(monkeypatch):
-    """M = 33-64 on an H200: the wgmma kernel, except with few column tiles on a long K or a very long K (small_m_prefers_skinny)."""
+def test_selected_launch_skips_the_rules_an_explicit_config_asks_them(gen, monkeypatch):
+    """A wgmma launch the selection chose does not ask :func:`why_not` again (5 us of host time a call); an explicit
+    config does (test_explicit_config_raises_with_the_rule: it raises with the rule)."""
     from quantkit.kernels.gemm import fp8_block as mod
+    from quantkit.kernels.gemm import select
 
-    monkeypatch.setattr(mod, "why_not", lambda a, w, out_dtype: None)  # as on an H200
-    assert mod.table_config(FP8_BLOCK_CONFIGS, *sides(32, 5120, 2880)) == mod.SMALL_M
-    assert isinstance(mod.table_config(FP8_BLOCK_CONFIGS, *sides(33, 5120, 2880)), WgmmaConfig)
-    assert isinstance(mod.table_config(FP8_BLOCK_CONFIGS, *sides(64, 2880, 4096)), WgmmaConfig)  # K <= 4096
-    assert mod.table_config(FP8_BLOCK_CONFIGS, *sides(64, 7168, 16384)) == mod.SMALL_M  # 56 column tiles, but K = 16384
-    assert isinstance(mod.table_config(FP8_BLOCK_CONFIGS, *sides(64, 9216, 4096)), WgmmaConfig)  # 72 column tiles, K = 4096
-    assert isinstance(mod.table_config(FP8_BLOCK_CONFIGS, *sides(64, 7168, 8192)), WgmmaConfig)  # 56 column tiles, K = 8192
-    assert mod.table_config(FP8_BLOCK_CONFIGS, *sides(64, 2112, 7168)) == mod.SMALL_M  # 17 column tiles, K = 7168
-    assert mod.table_config(FP8_BLOCK_CONFIGS, *sides(48, 4096, 8192)) == mod.SMALL_M
-    assert isinstance(mod.table_config(FP8_BLOCK_CONFIGS, *sides(65, 2112, 7168)), WgmmaConfig)
-
-
-def test_fp8_block_config_names_what_gemm_fp8_block_runs(gen, monkeypatch):
-    from quantkit.kernels.gemm import fp8_block as mod
-
-    q, sw = fp8_block.quantize_weight(torch.randn(2112, 7168, generator=gen))
-    for m, want in ((64, SMALL_M), (65, TILED_MID)):  # CPU: no wgmma kernel
-        a, sa = fp8_block.quantize_act(torch.randn(m, 7168, generator=gen))
-        assert mod.fp8_block_config(a, sa, q, sw) == want
-        assert mod.fp8_block_config(a.reshape(1, m, 7168), sa.reshape(1, m, -1), q, sw) == want  # leading dims flattened
-    monkeypatch.setattr(mod, "why_not", lambda a, w, out_dtype: None)  # as on an H200
-    a, sa = fp8_block.quantize_act(torch.randn(64, 7168, generator=gen))
-    assert mod.fp8_block_config(a, sa, q, sw) == SMALL_M  # 17 column tiles on K = 7168
-    a, sa = fp8_block.quantize_act(torch.randn(65, 7168, generator=gen))
-    assert isinstance(mod.fp8_block_config(a, sa, q, sw), WgmmaConfig)
-
-
-def test_table_choice_asks_the_rules_once(gen, monkeypatch):
-    """A table-chosen wgmma launch does not ask :func:`why_not` again (5 us of host time a call);
-    an explicit config still does (tests above: it raises with the rule)."""
-    from quantkit.kernels.gemm import fp8_block as mod
-
-    asked, launched = [], []
-    monkeypatch.setattr(mod, "why_not", lambda a, w, out_dtype: asked.append(1))  # None: as on an H200
+    launched = []
+    monkeypatch.setattr(select, "device_target", lambda device: dispatch.Target("cuda", (9, 0), 132, "sm_90", frozenset({"wgmma"})))
     monkeypatch.setattr(mod, "wgmma_mm", lambda a, w, bias, out_dtype, cfg, checked=False, workspace=None: launched.append(checked) or
                         torch.zeros(a.q.shape[0], w.q.shape[0], dtype=out_dtype))  # fmt: skip
     a, sa = fp8_block.quantize_act(torch.randn(600, 256, generator=gen))
     q, sw = fp8_block.quantize_weight(torch.randn(128, 256, generator=gen))
-    mod.gemm_fp8_block(a, sa, q, sw)
-    assert asked == [1] and launched == [True]
-    mod.gemm_fp8_block(a, sa, q, sw, config=WgmmaConfig())
-    assert asked == [1] and launched == [True, False]
-
+    c = select.choose_fp8_block(a, sa, q, sw, backend="triton")
+    assert c.kernel == "triton.wgmma"
+    c.run(a, sa, q, sw)
+    select.choose_fp8_block(a, sa, q, sw, config=WgmmaConfig(), backend="triton").run(a, sa, q, sw)
+    assert launched == [True, False]

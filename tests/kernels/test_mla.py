@@ -12,6 +12,10 @@ sink-attention tests.  The reference runs on float32 copies of the inputs.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import itertools
+
 import pytest
 import torch
 
@@ -19,6 +23,7 @@ from quantkit.kernels import dispatch
 from quantkit.kernels.mla import mla_ref as ref_ops
 from quantkit.kernels.attention.attention_ref import paged_rows
 from quantkit.kernels.dispatch import Dispatcher
+from quantkit.kernels.mla import select
 from quantkit.kernels.mla.flashinfer import MLADecode
 
 from .test_attention import GPU_TOL, TOL, assert_close, tol
@@ -128,10 +133,12 @@ def test_backends_are_drop_ins_for_the_reference():
     assert "triton" in dispatch.backends("mla_decode") and dispatch.backends("mla_decode")[-1] == "torch"
     if not HAS_CUDA:
         assert dispatch.which("mla_decode", "cpu") == "torch"  # the interpreter only when asked for
-    ref = [(p.name, p.default) for p in inspect.signature(ref_ops.mla_decode).parameters.values()]
+    def positional(fn):
+        return [(p.name, p.default) for p in inspect.signature(fn).parameters.values() if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+
     for fn in (mla_triton.mla_decode, mla_flashinfer.mla_decode):
-        params = inspect.signature(fn).parameters.values()
-        assert [(p.name, p.default) for p in params if p.kind is not inspect.Parameter.KEYWORD_ONLY] == ref, fn.__module__
+        assert positional(fn) == positional(ref_ops.mla_decode), fn.__module__
+    assert {"step", "state"} <= set(inspect.signature(mla_flashinfer.mla_decode).parameters) & set(inspect.signature(ref_ops.mla_decode).parameters)
 
 
 # ---- Triton (interpreter on CPU, compiled on CUDA) -----------------------------------------
@@ -255,17 +262,29 @@ class _FakeStepMLA(MLADecode):
         return ref_ops.mla_decode(q_lat, q_rot, kv, k_rot, *self._planned, self.scale)
 
 
-def _two_layer_decode(per_op: dict, monkeypatch=None, device="cpu", dtype=torch.float32, lens=(5, 5),
-                      **dims) -> tuple[list[torch.Tensor], Dispatcher]:  # fmt: skip
-    """Two MLA layers sharing one dispatcher: a prefill of two sequences, then 3 decode steps.  With
-    ``monkeypatch``, :class:`_FakeStepMLA` stands in for FlashInfer's wrapper (which may then serve)."""
-    from quantkit.engine import KVCache
+@pytest.fixture
+def fake_flashinfer(monkeypatch):
+    """FlashInfer's MLA backend as on a GPU where it serves the test layers' dims and dtype, its wrapper replaced by
+    :class:`_FakeStepMLA` (the real re-plan rule and the real selection)."""
     from quantkit.kernels.mla import flashinfer as mla_flashinfer
 
-    if monkeypatch is not None:
-        monkeypatch.setattr(mla_flashinfer, "step_plan_ok", lambda q_lat, q_rot: None)  # as with FlashInfer on a GPU
-        monkeypatch.setattr(mla_flashinfer, "MLADecode", _FakeStepMLA)
-        _FakeStepMLA.made = []
+    monkeypatch.setattr(mla_flashinfer, "MLADecode", _FakeStepMLA)
+    monkeypatch.setattr(select, "FLASHINFER_DIMS", (32, 16))
+    monkeypatch.setattr(select, "FLASHINFER_DTYPES", (torch.float32,))
+    ok = lambda device: dispatch.Availability(True, auto=False)  # noqa: E731
+    fi = functools.partial(select.choose, backend="flashinfer", triton=None)
+    monkeypatch.setitem(dispatch.REGISTRY.ops["mla_decode"], "flashinfer",
+                        dispatch.Backend("mla_decode", "flashinfer", mla_flashinfer.mla_decode, ok, 20, fi))
+    _FakeStepMLA.made = []
+    select.select_mla.cache_clear()
+    yield
+    select.select_mla.cache_clear()
+
+
+def _two_layer_decode(per_op: dict, device="cpu", dtype=torch.float32, lens=(5, 5), **dims) -> tuple[list[torch.Tensor], Dispatcher]:
+    """Two MLA layers sharing one dispatcher: a prefill of two sequences, then 3 decode steps."""
+    from quantkit.engine import KVCache
+
     ops = Dispatcher(per_op=per_op)
     layers = [_mla_layer(False, **dims).to(device, dtype), _mla_layer(False, **dims).to(device, dtype)]
     layers[1].layer = 1
@@ -289,30 +308,67 @@ def _two_layer_decode(per_op: dict, monkeypatch=None, device="cpu", dtype=torch.
     return outs, ops
 
 
-def test_engine_decode_plans_flashinfer_once_per_step(monkeypatch):
-    """Under backend auto, where FlashInfer can serve: one wrapper for the model's layers, planned once per
-    decode step (not per layer, not per call), and the steps equal the reference op's."""
-    outs, ops = _two_layer_decode({}, monkeypatch)
+def test_engine_decode_plans_flashinfer_once_per_step(fake_flashinfer):
+    """Under backend auto, where FlashInfer serves: one wrapper for the model's layers, planned once per decode step
+    (not per layer, not per call), and the steps equal the reference op's."""
+    outs, ops = _two_layer_decode({})
     assert len(_FakeStepMLA.made) == 1, "one wrapper shared by the layers"
     dec = _FakeStepMLA.made[0]
     assert (dec.plans, dec.runs) == (3, 6), f"3 steps x 2 layers: plans {dec.plans}, runs {dec.runs}"
-    assert ops.last_backend("mla_decode") == "flashinfer"
-    ref, ref_ops_ = _two_layer_decode({"mla_decode": "torch"}, monkeypatch)
-    assert _FakeStepMLA.made == [] and ref_ops_.last_backend("mla_decode") == "torch", "an explicit backend plans nothing"
+    assert ops.last_backend("mla_decode") == "flashinfer.planned"
+    ref, ref_ops_ = _two_layer_decode({"mla_decode": "torch"})
+    assert _FakeStepMLA.made == [dec] and ref_ops_.last_backend("mla_decode") == "torch", "an explicit backend plans nothing"
     for got, want in zip(outs, ref, strict=True):
         assert_close(got, want, 1e-6, 1e-6, "planned decode vs the reference op")
 
 
-def test_flashinfer_step_plan_rules():
-    from quantkit.kernels.mla.flashinfer import step_plan_ok
+DEEPSEEK_SHAPE = select.Shape(8, 128, 512, 64, 4096, 16)
 
-    def q(rank, rope, dtype=torch.bfloat16, dev="cpu"):
-        return torch.zeros(1, 2, rank, dtype=dtype, device=dev), torch.zeros(1, 2, rope, dtype=dtype, device=dev)
 
-    assert "CUDA" in step_plan_ok(*q(512, 64))
-    if HAS_CUDA:
-        assert "rank 512 and rope 64" in step_plan_ok(*q(32, 16, dev="cuda"))
-        assert "runs in bf16" in step_plan_ok(*q(512, 64, torch.float16, "cuda"))
+@pytest.mark.parametrize("backend", ["auto", "flashinfer", "triton", "torch"])
+def test_selection_plans_flashinfer_only_where_it_serves(backend):
+    """FlashInfer's MLA runs planned once per step only where it serves the call (DeepSeek's dims, bf16, a plan store,
+    no graph capture) and auto or flashinfer was asked for; an explicit backend is never replaced by another."""
+    h200, cpu = dispatch.TARGETS["h200"], dispatch.Target("cpu", name="cpu")
+    cases = {  # name -> (target, shape, planned, capturing, FlashInfer serves)
+        "serves": (h200, DEEPSEEK_SHAPE, True, False, True),
+        "capture": (h200, DEEPSEEK_SHAPE, True, True, False),
+        "no plan store": (h200, DEEPSEEK_SHAPE, False, False, False),
+        "rank": (h200, dataclasses.replace(DEEPSEEK_SHAPE, rank=256), True, False, False),
+        "fp16": (h200, dataclasses.replace(DEEPSEEK_SHAPE, dtype=torch.float16), True, False, False),
+        "not installed": (dataclasses.replace(h200, optional=frozenset()), DEEPSEEK_SHAPE, True, False, False),
+    }
+    want = {"auto": ("flashinfer.planned", "triton"), "flashinfer": ("flashinfer.planned", "flashinfer"), "triton": ("triton", "triton"),
+            "torch": ("torch", "torch")}[backend]  # fmt: skip
+    for name, (t, s, planned, capturing, serves) in cases.items():
+        c = select.select_mla(t, s, backend, triton="compiled", planned=planned, capturing=capturing)
+        assert (c.kernel.split(".")[0] if c.kernel.startswith("triton") else c.kernel) == want[not serves] and c.reason, (name, c)
+    assert select.select_mla(cpu, DEEPSEEK_SHAPE, "auto", triton=None, planned=True).kernel == "torch"
+
+
+def test_triton_choices_split_within_the_keys_and_one_wave():
+    """Over batch sizes, heads and contexts on the H200: splits >= 1, <= the key blocks, more than one only while the
+    programs of all but the last split fit two per SM; tiles tl.dot takes."""
+    t = dispatch.TARGETS["h200"]
+    for b, h, ctx in itertools.product((1, 2, 8, 32, 128, 256, 1024), (16, 20, 128), (1, 16, 512, 4096, 32768)):
+        c = select.select_mla(t, select.Shape(b, h, 512, 64, ctx, 16), "triton")
+        cfg = c.config
+        groups = b * -(-h // cfg.block_h)
+        assert 1 <= cfg.num_splits <= max(1, -(-ctx // cfg.block_n)), c
+        assert cfg.num_splits == 1 or groups * (cfg.num_splits - 1) < 2 * t.sms, c
+        assert cfg.block_h >= 16 and cfg.block_n >= 16 and (c.kernel == "triton.mla_decode") == (cfg.num_splits == 1)
+
+
+@pytest.mark.parametrize(("b", "kernel"), [(2, "triton.mla_decode_split"), (264, "triton.mla_decode")])
+def test_h200_triton_leaves_equal_the_reference(triton_device, b, kernel):
+    """Each Triton leaf with the launch the H200 selects (the interpreter here, compiled on a GPU)."""
+    lens = [300, 7] if b == 2 else [1 + i % 20 for i in range(b)]
+    kv, k_rot, bt, ctx = latent_cache(lens, 32, 16, 16, torch.float32, triton_device)
+    q_lat, q_rot = queries(b, 4, 32, 16, torch.float32, triton_device)
+    c = select.select_mla(dispatch.TARGETS["h200"], select.Shape(b, 4, 32, 16, bt.shape[1] * 16, 16, torch.float32), "triton")
+    assert c.kernel == kernel
+    want = ref_ops.mla_decode(q_lat, q_rot, kv, k_rot, bt, ctx, 16, 0.2)
+    assert_close(triton(q_lat, q_rot, kv, k_rot, bt, ctx, 16, 0.2, config=c.config), want, *TOL[torch.float32], str(c))
 
 
 def test_engine_layer_runs_q_and_kv_a_as_one_projection(monkeypatch):
@@ -395,7 +451,7 @@ def test_gpu_engine_decode_on_planned_flashinfer(heads):
     pytest.importorskip("flashinfer")
     dims = dict(h=heads, nope=128, rope=64, v=128, rank=512, hidden=256)
     outs, ops = _two_layer_decode({}, device="cuda", dtype=torch.bfloat16, lens=(37, 300), **dims)
-    assert ops.last_backend("mla_decode") == "flashinfer"
+    assert ops.last_backend("mla_decode") == "flashinfer.planned"
     assert len([k for k in ops.state if k[0] == "mla_flashinfer"]) == 1
     ref, ref_ops_ = _two_layer_decode({"mla_decode": "torch"}, device="cuda", dtype=torch.bfloat16, lens=(37, 300), **dims)
     assert ref_ops_.last_backend("mla_decode") == "torch" and not ref_ops_.state
@@ -410,7 +466,7 @@ import os, subprocess, sys, tempfile
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from quantkit.kernels.mla import decode as M
+from quantkit.kernels.mla import decode as M, tables as T
 
 DIV16 = {"sql_b", "sql_h", "sqr_b", "sqr_h", "skv_t", "skr_t", "so_b", "so_h", "sop_b", "sop_h", "sop_s", "sl_b", "sl_h"}
 def build(fn, consts, warps, stages):
@@ -421,7 +477,7 @@ def build(fn, consts, warps, stages):
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
 cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-cfg = M.MLAConfig()
+cfg = next(r.config for r in T.MLA if r.where == "compiled")  # the H200 row
 for final in (False, True):
     k = build(M._mla_split_kernel, dict(RANK=512, ROPE=64, BLOCK_R=512, BLOCK_P=64, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
               FINAL=final, DOT=tl.bfloat16, PRECISION="tf32"), cfg.num_warps, cfg.num_stages)

@@ -21,7 +21,7 @@ import torch
 from quantkit.formats import fp8_block, mxfp4, mxfp8
 from quantkit.formats.rounding import Rounding
 from quantkit.kernels import dispatch, triton_numerics
-from quantkit.kernels.quant import group_quant
+from quantkit.kernels.quant import fp8_block_quant, fused_act_quant, group_quant, mxfp4_decode
 
 from .kernel_cases import assert_same, scale_one_rows, special_groups, wide_randn
 
@@ -199,6 +199,45 @@ def test_quantizers_do_not_read_rows_past_live_rows(triton_device, gen, fmt):
     check_pair(ref, out, f"{fmt} with live_rows 9 of 13", want)
     with pytest.raises(AssertionError, match="live_rows: int32"):
         group_quant.act_quant_fp8_block(x.to(triton_device), live_rows=live.long())
+
+
+# ---- launch tables ---------------------------------------------------------------------------
+
+
+def test_every_launch_table_row_gives_the_reference_bytes(triton_device, gen):
+    """Each row of the format kernels' launch tables is a valid launch of its kernel, with the reference's bytes."""
+    blocks = torch.randint(0, 256, (2, 5, 3, 16), dtype=torch.uint8, generator=gen)
+    scales = torch.randint(110, 140, (2, 5, 3), dtype=torch.uint8, generator=gen)
+    ref, on = mxfp4.decode(blocks, scales, torch.bfloat16), (blocks.to(triton_device), scales.to(triton_device))
+    for cfg in mxfp4_decode.TUNING:
+        assert_same(ref, mxfp4_decode.mxfp4_decode(*on, torch.bfloat16, **cfg), f"mxfp4 {cfg}")
+    w = wide_randn((130, 200), gen).to(torch.bfloat16)
+    for rounding, table in ((ROUNDINGS[0], fp8_block_quant.TUNING), (ROUNDINGS[1], fp8_block_quant.SR_TUNING)):
+        ref = fp8_block.quantize_weight(w, "float", "rceil", rounding)
+        for cfg in table:
+            check_pair(ref, fp8_block_quant.quantize_weight(w.to(triton_device), "float", "rceil", rounding, **cfg), f"fp8-block {cfg}", w)
+    x = wide_randn((5, 288), gen).to(torch.bfloat16)
+    ref = mxfp8.quantize(x, "rceil", ROUNDINGS[1])
+    for cfg in group_quant.MX_TUNING:
+        check_pair(ref, group_quant.mxfp8_quantize(x.to(triton_device), "rceil", ROUNDINGS[1], **cfg), f"mxfp8 {cfg}", x)
+    ref = fp8_block.quantize_act(x, "ue8m0", "rceil")
+    for cfg in group_quant.ACT_TUNING:
+        check_pair(ref, group_quant.act_quant_fp8_block(x.to(triton_device), "ue8m0", "rceil", **cfg), f"act_quant {cfg}", x)
+
+
+def test_launch_table_row_0_is_the_launchers_default():
+    """Row 0 of a table is what a call without launch arguments runs (fp8-block weights read theirs from the table)."""
+    import inspect
+
+    def defaults(fn) -> dict:
+        return {k: p.default for k, p in inspect.signature(fn).parameters.items() if p.kind is p.KEYWORD_ONLY}
+
+    cases = [(mxfp4_decode.mxfp4_decode, mxfp4_decode.TUNING), (group_quant.mxfp8_quantize, group_quant.MX_TUNING),
+             (group_quant.act_quant_fp8_block, group_quant.ACT_TUNING), (fused_act_quant.rmsnorm_act_quant, fused_act_quant.NORM_TUNING),
+             (fused_act_quant.silu_mul_act_quant, fused_act_quant.ACT_TUNING), (fused_act_quant.swiglu_act_quant, fused_act_quant.ACT_TUNING)]  # fmt: skip
+    for fn, table in cases:
+        d = defaults(fn)
+        assert {k: d[k] for k in table[0]} == table[0], f"{fn.__name__}: defaults {d} differ from row 0 {table[0]}"
 
 
 def test_host_cdiv_and_next_pow2_match_triton():

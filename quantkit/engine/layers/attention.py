@@ -6,7 +6,7 @@ window W only j > p - W (transformers ``sliding_window_overlay``; GPT-OSS W=128 
 p-127..p, FlashInfer window_left=127).  Sinks (GPT-OSS, transformers ``eager_attention_forward``):
 one logit per head joins the softmax denominator (after subtracting the row max, unscaled) and
 its probability is dropped.  Scores, softmax and the weighted sum run in float32 (the ops' torch
-reference :func:`attend`, which the Triton / FlashInfer backends are tested against).
+reference :func:`attend`, which the Triton kernels are tested against).
 
 Which op runs: with a KV cache whose entries are the keys and values themselves (GQA),
 ``attention_decode`` (one new token per sequence) or ``attention_prefill`` over the paged cache

@@ -32,8 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...kernels.mla import flashinfer as mla_flashinfer
-from ...kernels.dispatch import AUTO, Dispatcher
+from ...kernels.dispatch import Dispatcher
 from ..batch import Batch
 from ..kv_cache import KVCache
 from ..qlinear import Linear, RowGroup
@@ -113,20 +112,10 @@ class MLA(nn.Module):
         return torch.einsum("thc,hdc->thd", o_lat, w_uv)  # [B, H, v_head]
 
     def _attend_latents(self, q_lat: torch.Tensor, q_rot: torch.Tensor, kv: torch.Tensor, k_rot: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """The ``mla_decode`` op.  Under backend auto / flashinfer, where FlashInfer can serve
-        (:func:`.mla_flashinfer.step_plan_ok`): its MLA wrapper, kept in the dispatcher that the model's
-        layers share and planned once per step's batch, then run by every layer of the step."""
-        if (self.ops.want("mla_decode") in (AUTO, mla_flashinfer.NAME) and mla_flashinfer.step_plan_ok(q_lat, q_rot) is None
-                and not (q_lat.is_cuda and torch.cuda.is_current_stream_capturing())):  # its plan reads the host: a graph runs the op
-            key = ("mla_flashinfer", q_lat.device, q_lat.dtype, self.num_heads, self.rank, self.rope_dim, self.scale)
-            dec = self.ops.state.get(key)
-            if dec is None:
-                dec = self.ops.state[key] = mla_flashinfer.MLADecode(q_lat.device, q_lat.dtype, self.num_heads, self.rank,
-                                                                     self.rope_dim, scale=self.scale)  # fmt: skip
-            dec.plan_for(batch, batch.block_tables, batch.attn.context_lens, batch.block_size)
-            self.ops.ran["mla_decode"] = mla_flashinfer.NAME
-            return dec.run(q_lat, q_rot, kv, k_rot)
-        return self.ops.call("mla_decode", q_lat, q_rot, kv, k_rot, batch.block_tables, batch.attn.context_lens, batch.block_size, self.scale)
+        """The ``mla_decode`` op.  ``step`` and ``state`` let its selection plan FlashInfer's MLA once per step's batch,
+        kept in the dispatcher the model's layers share (:mod:`quantkit.kernels.mla.select`)."""
+        return self.ops.call("mla_decode", q_lat, q_rot, kv, k_rot, batch.block_tables, batch.attn.context_lens, batch.block_size,
+                             self.scale, step=batch, state=self.ops.state)
 
     def forward_normed(self, norm: RMSNorm, x: torch.Tensor, batch: Batch, cache: KVCache | None) -> torch.Tensor:
         """forward(norm(x)) (the decoder layers' interface, see :class:`.attention.Attention`): the norm

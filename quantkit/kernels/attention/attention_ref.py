@@ -1,25 +1,15 @@
-"""Attention ops with per-head sinks and sliding windows: their pure-torch references and registration.
+"""Sink attention ops, their torch references (GPT-OSS: transformers ``eager_attention_forward``).
 
-Numerics (GPT-OSS: transformers ``eager_attention_forward``, openai/gpt-oss torch/model.py; the
-engine imports :func:`attend` from here for its reference attention): logits
-s = q.k * scale in float32; key j is visible to a query at position p when j <= p and, with a
-sliding window W, j > p - W (GPT-OSS W=128: keys p-127..p, FlashInfer ``window_left`` = W-1).
-A per-head sink logit joins the softmax denominator unscaled and its probability is dropped:
-out = sum_j exp(s_j - m) v_j / (sum_j exp(s_j - m) + exp(sink - m)).  GQA: query head h reads
-kv head h // (Hq / Hkv).  Output in q's dtype.
+s = q.k * scale in float32; a query at position p sees key j <= p, and with window W only j > p - W.  A per-head sink
+joins the softmax denominator unscaled: out = sum_j e^(s_j - m) v_j / (sum_j e^(s_j - m) + e^(sink - m)).  Query head
+h reads kv head h // (Hq / Hkv).  Out in q's dtype.
 
-| op                  | q                | k, v                                                       | out          |
-|---------------------|------------------|------------------------------------------------------------|--------------|
-| ``attention_prefill`` | [T, Hq, D], ragged by ``cu_seqlens_q`` | ragged [Tk, Hkv, D|Dv] by ``cu_seqlens_k``, or the paged cache with ``block_tables`` | [T, Hq, Dv] |
-| ``attention_decode``  | [B, Hq, D], one token per sequence | paged cache [slots, Hkv, D|Dv], ``block_tables``, ``context_lens`` | [B, Hq, Dv] |
+* ``attention_prefill``: q [T, Hq, D] ragged by ``cu_seqlens_q``; k, v [Tk, Hkv, D|Dv] ragged by ``cu_seqlens_k``, or
+  the paged cache -> [T, Hq, Dv].
+* ``attention_decode``: q [B, Hq, D], one token per sequence; the paged cache, ``context_lens`` -> [B, Hq, Dv].
 
-Layouts (the engine's, :mod:`quantkit.engine.kv_cache` / :mod:`quantkit.engine.batch`):
-``cu_seqlens_*`` int32 [B+1]; the paged cache is [num_blocks * block_size, Hkv, D] (slot s of block
-b is row b * block_size + s), ``block_tables`` int32/int64 [B, max_blocks] (-1 past a sequence's
-blocks), ``context_lens`` int32 [B].  Positions are bottom-right aligned: sequence b has
-Lk = its key count and Lq its query count; key i is at position i, query i at Lk - Lq + i (a
-fresh prefill has Lk = Lq; a chunk appended to a cached prefix has Lk > Lq; decode has Lq = 1,
-so the new token, already written to the cache, is at position context_len - 1).
+Paged cache: [blocks * block_size, Hkv, D], slot s of block b at row b * block_size + s; ``block_tables`` [B, W], -1
+past a sequence's blocks.  Positions are bottom-right aligned: of Lq queries over Lk keys, query i is at Lk - Lq + i.
 """
 
 from __future__ import annotations
@@ -72,7 +62,7 @@ def paged_rows(block_tables: torch.Tensor, b: int, n: int, block_size: int) -> t
 
 
 def check_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None) -> None:
-    """The shape rules every backend shares (launchers assert their layouts on top)."""
+    """The shape rules every backend shares."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"attention wants q [T, Hq, D], k [., Hkv, D], v [., Hkv, Dv]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if q.shape[1] % k.shape[1] or k.shape[1] != v.shape[1] or q.shape[2] != k.shape[2] or k.shape[0] != v.shape[0]:
@@ -99,12 +89,7 @@ def attention_prefill(
     block_size: int = 0,
     max_seqlen_q: int | None = None,
 ) -> torch.Tensor:
-    """Ragged causal attention -> [T, Hq, Dv] in q's dtype (see the module docstring for layouts).
-
-    Without ``block_tables`` sequence b's keys are rows ``cu_seqlens_k[b]:cu_seqlens_k[b+1]`` of
-    k/v; with them, k/v are the paged cache and ``cu_seqlens_k`` only gives each sequence's key
-    count.  ``max_seqlen_q`` is a launch hint for kernels (the reference ignores it).
-    """
+    """-> [T, Hq, Dv].  With ``block_tables`` k/v are the paged cache; ``max_seqlen_q`` is a launch hint."""
     check_heads(q, k, v, sinks)
     check_window(window)
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
@@ -138,7 +123,7 @@ def attention_decode(
     sinks: torch.Tensor | None = None,
     window: int | None = None,
 ) -> torch.Tensor:
-    """One new token per sequence over the paged cache -> [B, Hq, Dv] in q's dtype."""
+    """One new token per sequence over the paged cache -> [B, Hq, Dv]."""
     check_heads(q, k_cache, v_cache, sinks)
     check_window(window)
     lens = context_lens.tolist()

@@ -1,63 +1,27 @@
-"""Triton paged decode with sinks and sliding window: flash-decoding over the engine's paged KV cache.
-
-Computes :func:`.attention.attention_decode` (layouts and numerics there) for one new token per
-sequence, whose key is already in the cache at position context_len - 1.
-
-Flash-decoding (Dao et al. 2023): one program per (sequence, kv head, split) holds all Hq/Hkv
-query heads of its group as the rows of one dot, so each K/V byte is read once.  With several
-splits, each writes its normalised partial o = acc / l and lse = m + log2 l (float32, base 2) and
-a second kernel merges them with the sink: with M = max(max_s lse_s, sink),
-out = sum_s 2^(lse_s - M) o_s / (sum_s 2^(lse_s - M) + 2^(sink - M)).  With one split (large
-batches) the sink seeds the online softmax as in prefill and the kernel writes the output.
-The split count depends only on shapes (B, Hkv, block table width, window), never on the
-context lengths' values, so a decode step can be captured in a CUDA graph.
-
-Helpers (dot dtype, layout checks) and the interpreter note are in :mod:`.attention_triton`.
+"""Triton paged decode with sinks and window (:func:`.attention_ref.attention_decode`), flash-decoding (Dao et al.
+2023): one program per (sequence, kv head, split) runs its Hq/Hkv query heads as the rows of one dot, so each K/V byte
+is read once.  Splits write o = acc / l and lse = m + log2 l; :func:`merge_splits` adds the sink to the denominator.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from .. import dispatch
+from . import select
 from .attention_ref import check_heads, check_window
+from .tables import DecodeConfig
 from .prefill import LOG2E, check_operands, dot_dtype, paged_rows, pow2, softmax_step
-from ..triton_numerics import PRIORITY, available, cdiv, interpreted, pdl_enter, pdl_ok
-
-MAX_SPLITS = 64
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """Launch configuration.  Defaults: the best of 6 tiles x 17 split counts swept on the H200
-    (docs/benchmarks.md, "Sink attention decode: launch configuration and splits"): 128-key
-    blocks, 2 stages, and splits for about 4 programs per SM; counts that overshoot one such wave
-    without filling a second ran slower (B=32, ctx 4096: 2 splits 77% of HBM, 3 splits 68%).  The split and merge
-    kernels launch as programmatic dependents (``pdl``, where that exists): 1.05-1.19x at B = 1 and at B = 8 to ctx 4096,
-    1.00-1.02x elsewhere, the same bytes (docs/benchmarks.md, "Fifteenth pass")."""
-
-    block_n: int = 128
-    num_warps: int = 4
-    num_stages: int = 2
-    num_splits: int = 0  # 0: chosen from the SM count and the shapes (programs_per_sm, max_splits)
-    programs_per_sm: int = 4
-    max_splits: int = 128
-    pdl: bool = True  # split and merge kernels as programmatic dependents (compiled sm_90+; triton_numerics.pdl_enter)
-
-    def name(self) -> str:
-        return f"n{self.block_n}/w{self.num_warps}/st{self.num_stages}/s{self.num_splits or 'auto'}" + ("/pdl" if self.pdl else "")
-
-
-INTERPRETER_DECODE = DecodeConfig(16, 1, 1)
+from ..triton_numerics import PRIORITY, available, interpreted, pdl_enter, pdl_ok
 
 
 @triton.jit
 def split_range(start, ctx, split, num_splits, BLOCK_N: tl.constexpr):
-    """Keys [lo, hi) of ``split``: start .. ctx - 1 cut into num_splits runs of whole key blocks."""
+    """Keys [lo, hi) of ``split``: start .. ctx - 1 cut into runs of whole key blocks."""
     per = tl.cdiv(tl.cdiv(ctx - start, num_splits), BLOCK_N) * BLOCK_N
     lo = start + split * per
     return lo, tl.minimum(lo + per, ctx)
@@ -65,9 +29,7 @@ def split_range(start, ctx, split, num_splits, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def write_split(acc, m_i, l_i, o_ptrs, part_ptrs, lse_ptrs, mask, h_ok, FINAL: tl.constexpr):
-    """The end of a split-KV program: with one split (FINAL) the output acc / l (l > 0: a context
-    has >= 1 key); else the split's partial acc / l and its log2-sum-exp2, -inf when it saw no key
-    (float32 [rows, cols] and [rows]), for :func:`merge_splits`."""
+    """FINAL (one split): the output; else the float32 partial and its lse (-inf for a split with no key)."""
     if FINAL:
         tl.store(o_ptrs, (acc / l_i[:, None]).to(o_ptrs.dtype.element_ty), mask=mask)
     else:
@@ -90,7 +52,7 @@ def _decode_split_kernel(Q, K, V, BT, CTX, SINKS, O, OP, LSE,
     split = tl.program_id(2)
     ctx = tl.load(CTX + b).to(tl.int32)
     start = 0
-    if HAS_WINDOW:  # the new token is at position ctx - 1: keys ctx - window .. ctx - 1
+    if HAS_WINDOW:  # keys ctx - window .. ctx - 1
         start = tl.maximum(ctx - window, 0)
     lo, hi = split_range(start, ctx, split, num_splits, BLOCK_N)
     offs_h = tl.arange(0, BLOCK_H)
@@ -107,7 +69,7 @@ def _decode_split_kernel(Q, K, V, BT, CTX, SINKS, O, OP, LSE,
     bt_row = b.to(tl.int64) * s_bt
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    if FINAL:  # one split: the sink seeds the softmax as in prefill and the output is final
+    if FINAL:
         if HAS_SINKS:
             m_i = tl.zeros([BLOCK_H], tl.float32) + tl.load(SINKS + heads, mask=h_ok, other=0.0).to(tl.float32) * 1.4426950408889634
             l_i = tl.full([BLOCK_H], 1.0, tl.float32)
@@ -119,7 +81,7 @@ def _decode_split_kernel(Q, K, V, BT, CTX, SINKS, O, OP, LSE,
         k = tl.load(K + rows[:, None] * sk_t + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         v = tl.load(V + rows[:, None] * sv_t + offs_dv[None, :], mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
         qk = tl.dot(q, tl.trans(k.to(DOT)), input_precision=PRECISION) * qk_scale
-        qk = tl.where(n_ok[None, :], qk, float("-inf"))  # offs_n[0] < hi: every row keeps a finite max
+        qk = tl.where(n_ok[None, :], qk, float("-inf"))
         acc, l_i, m_i = softmax_step(qk, v.to(DOT), acc, l_i, m_i, False, DOT, PRECISION)
     b64 = b.to(tl.int64)
     write_split(acc, m_i, l_i, O + b64 * so_b + heads[:, None] * so_h + offs_dv[None, :],
@@ -139,7 +101,7 @@ def _decode_merge_kernel(OP, LSE, SINKS, O, sop_b, sop_h, sop_s, sl_b, sl_h, so_
     offs_dv = tl.arange(0, BLOCK_DV)
     dv_ok = offs_dv < HEAD_DV
     lse = tl.load(LSE + b * sl_b + h * sl_h + offs_s, mask=s_ok, other=float("-inf"))
-    m = tl.max(lse, 0)  # finite: a context has >= 1 key, so some split is not empty
+    m = tl.max(lse, 0)  # finite: some split saw a key
     if HAS_SINKS:
         sink = tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634
         m = tl.maximum(m, sink)
@@ -150,17 +112,6 @@ def _decode_merge_kernel(OP, LSE, SINKS, O, sop_b, sop_h, sop_s, sl_b, sl_h, so_
     o = tl.load(OP + b * sop_b + h * sop_h + offs_s[:, None] * sop_s + offs_dv[None, :], mask=s_ok[:, None] & dv_ok[None, :], other=0.0)
     out = tl.sum(o * w[:, None], 0) / denom
     tl.store(O + b * so_b + h * so_h + offs_dv, out.to(O.dtype.element_ty), mask=dv_ok)
-
-
-def num_splits(batch: int, head_groups: int, max_keys: int, block_n: int, device: torch.device,
-               programs_per_sm: int = 0, max_splits: int = MAX_SPLITS) -> int:
-    """Splits per (sequence, head group: a kv head here, a head block in MLA) from shapes only, at
-    least one key block each.  ``programs_per_sm`` > 0: as many splits as keep the programs within
-    that many per SM (rounded down: a partial second wave cost more than it gained); 0: at least
-    two programs per SM (rounded up; MLA's measured rule)."""
-    sms, groups = dispatch.sm_count(device), batch * head_groups  # cached per device; the interpreter's 8
-    want = programs_per_sm * sms // groups if programs_per_sm else cdiv(2 * sms, groups)
-    return max(1, min(want, cdiv(max_keys, block_n), max_splits))
 
 
 def attention_decode(
@@ -176,7 +127,7 @@ def attention_decode(
     *,
     config: DecodeConfig | None = None,
 ) -> torch.Tensor:
-    """Paged decode with sinks and window (see :func:`.attention.attention_decode`) -> [B, Hq, Dv]."""
+    """Paged decode with sinks and window -> [B, Hq, Dv]; ``config`` None: the selection's (:func:`choose`)."""
     check_heads(q, k_cache, v_cache, sinks)
     check_window(window)
     dev = check_operands({"q": q, "k_cache": k_cache, "v_cache": v_cache}, {"block_tables": block_tables, "context_lens": context_lens}, sinks)
@@ -187,14 +138,12 @@ def attention_decode(
     out = torch.empty(b, hq, dv, dtype=q.dtype, device=dev)  # [B, Hq, Dv]
     if b == 0:
         return out
-    cfg = config or (INTERPRETER_DECODE if interpreted() else DecodeConfig())
-    max_keys = block_tables.shape[1] * block_size
-    if window is not None:
-        max_keys = min(max_keys, window)
-    splits = cfg.num_splits or num_splits(b, hkv, max_keys, cfg.block_n, dev, cfg.programs_per_sm, cfg.max_splits)
+    cfg = config
+    if cfg is None or not cfg.num_splits:
+        cfg = choose(q, k_cache, v_cache, block_tables, context_lens, block_size, scale, sinks, window, config=cfg).config
+    splits = cfg.num_splits
     dot, precision = dot_dtype(q.dtype)
     group, final = hq // hkv, splits == 1
-    # per-split o = acc / l and log2-sum-exp2; a single split writes the output directly
     part = out if final else torch.empty(b, hq, splits, dv, dtype=torch.float32, device=dev)  # [B, Hq, S, Dv]
     lse = out if final else torch.empty(b, hq, splits, dtype=torch.float32, device=dev)  # [B, Hq, S]
     sink_arg = sinks if sinks is not None else q
@@ -214,10 +163,7 @@ def attention_decode(
 
 
 def merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, sinks: torch.Tensor | None = None, pdl: bool = False) -> None:
-    """out [B, H, Dv] = the splits' partial outputs part float32 [B, H, S, Dv] weighted by their
-    log2-sum-exp2 lse float32 [B, H, S] (the sink, float32 [H] natural-log units, joins the
-    denominator); split-KV decode of the sink attention and of MLA.  ``pdl``: launched as a programmatic dependent
-    (dropped where that does not exist)."""
+    """out [B, H, Dv] from part float32 [B, H, S, Dv] and lse [B, H, S]; the sink (natural-log units) joins the denominator."""
     pdl = pdl_ok(out.device, pdl)
     b, h, splits, dv = part.shape
     _decode_merge_kernel[(b, h)](
@@ -228,4 +174,20 @@ def merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, sinks
     )
 
 
-dispatch.register("attention_decode", "triton", attention_decode, available=available, priority=PRIORITY)
+TRITON = "interpreter" if interpreted() else "compiled"
+
+
+def choose(q, k_cache, v_cache, block_tables, context_lens, block_size, scale, sinks=None, window=None, *,
+           config: DecodeConfig | None = None) -> dispatch.Choice:
+    """:func:`.select.select_decode` for these operands, its leaf bound."""
+    return _bound(dispatch.target(q.device), select.decode_shape(q, k_cache, v_cache, block_tables, block_size, sinks, window), config)
+
+
+@functools.lru_cache(maxsize=1024)
+def _bound(t: dispatch.Target, shape: select.Shape, config: DecodeConfig | None) -> dispatch.Choice:
+    c = select.select_decode(t, shape, "triton", triton=TRITON, config=config)
+    return select.bind(c, attention_decode, config=c.config)
+
+
+dispatch.register("attention_decode", "triton", attention_decode, available=available, priority=PRIORITY, select=choose)
+dispatch.register_map("attention_decode", select.decode_map)

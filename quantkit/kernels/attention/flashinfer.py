@@ -1,18 +1,6 @@
-"""FlashInfer backend of the sink-attention ops (FlashInfer 0.5.x; imported lazily, CUDA only).
-
-FlashInfer's ``BatchAttentionWithAttentionSinkWrapper`` (flashinfer/attention.py) is its paged
-prefill wrapper compiled with the ``AttentionSink`` variant (flashinfer/jit/attention/variants.py):
-the per-head sink (float32 [Hq]) joins the softmax denominator as exp(sink - m), unscaled;
-the softmax scale is a run-time scalar; ``window_left`` = W - 1 keeps keys p-W+1..p.  It runs
-as ``wrapper.run(q, (k_cache, v_cache), sinks, sm_scale)`` on a cache laid out
-[num_pages, page_size, Hkv, D] ("NHD"), which is the engine's [slots, Hkv, D] cache viewed by
-pages.  Decode is the same wrapper with one query per sequence.  The ragged (non-paged) prefill
-uses FlashInfer's ragged wrapper compiled with the same variant (the JIT arguments the sink
-wrapper builds, repeated here).  Without sinks the plain paged/ragged wrappers run.
-
-:class:`SinkAttention` plans once per batch layout and runs per layer (the serving path).  The
-registered op functions build and plan one per call (FlashInfer's plan copies indices to the
-host), so ``backend="auto"`` never picks them; ask for ``backend="flashinfer"`` explicitly.
+"""FlashInfer's sink attention (0.5.x; lazy import, CUDA only): the benchmarks' baseline, not an op backend (its plan
+copies indices to the host); MLA's FlashInfer backend shares :func:`pages` and :func:`available`.
+``BatchAttentionWithAttentionSinkWrapper`` adds the sink to the denominator unscaled; ``window_left`` = W - 1.
 """
 
 from __future__ import annotations
@@ -23,7 +11,7 @@ from typing import Any
 import torch
 
 from .. import dispatch
-from .attention_ref import check_heads, check_window
+from .attention_ref import check_window
 
 NAME = "flashinfer"
 PRIORITY = 20
@@ -31,7 +19,7 @@ WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace
 
 
 def missing() -> str | None:
-    """Why the backend cannot load, or None when the flashinfer package is installed."""
+    """Why FlashInfer cannot load, or None."""
     if importlib.util.find_spec("flashinfer") is None:
         return "the flashinfer package is not installed (install its wheel: ../shared/tools/gpu-wheels.sh)"
     return None
@@ -40,11 +28,11 @@ def missing() -> str | None:
 def available(device: torch.device) -> dispatch.Availability:
     if device.type != "cuda":
         return dispatch.Availability(False, reason=f"FlashInfer runs on CUDA devices, got {device.type}")
-    return dispatch.Availability(True, auto=False, reason="plans per call: explicit only")
+    return dispatch.Availability(True, auto=False, reason="plans on the host: explicit only")
 
 
 def _sink_jit_args(backend: str, dtype: torch.dtype, d: int, dv: int, window_left: int) -> tuple[list[Any], dict[str, Any]]:
-    """The JIT module of BatchAttentionWithAttentionSinkWrapper.__init__ (FlashInfer 0.5.3), for the ragged wrapper."""
+    """The sink wrapper's JIT arguments (FlashInfer 0.5.3), for the ragged wrapper."""
     from flashinfer.jit.attention.variants import attention_sink_decl
     from flashinfer.jit.utils import filename_safe_dtype_map
 
@@ -55,24 +43,20 @@ def _sink_jit_args(backend: str, dtype: torch.dtype, d: int, dv: int, window_lef
 
 
 def pages(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Engine block tables [B, W] (-1 padded) + context lengths [B] -> FlashInfer's
-    (kv_indptr int32 [B+1], kv_indices int32 [pages], last_page_len int32 [B])."""
+    """Block tables, context lengths -> FlashInfer's (kv_indptr, kv_indices, last_page_len), int32."""
     lens = context_lens.to(torch.int32)
     n_pages = (lens + block_size - 1) // block_size  # [B]
     indptr = torch.zeros(lens.shape[0] + 1, dtype=torch.int32, device=lens.device)
     indptr[1:] = torch.cumsum(n_pages, 0)
     cols = torch.arange(block_tables.shape[1], device=lens.device)
-    indices = block_tables[cols[None, :] < n_pages[:, None]].to(torch.int32)  # row-major: pages of seq 0, then 1, ...
+    indices = block_tables[cols[None, :] < n_pages[:, None]].to(torch.int32)
     last = lens - (n_pages - 1) * block_size
     return indptr, indices, last
 
 
 class SinkAttention:
-    """One FlashInfer attention configuration (heads, dims, scale, window, sinks or not) with its workspace.
-
-    FlashInfer 0.5.3 names the sink module by dtype, window and backend only, not by head dims:
-    use one head-dim pair per process with sinks (the JIT build directory is shared).
-    """
+    """One attention configuration and its workspace.  FlashInfer 0.5.3 names sink modules without head dims: one
+    head-dim pair per process."""
 
     def __init__(self, device: torch.device | str, dtype: torch.dtype, num_q_heads: int, num_kv_heads: int,
                  head_dim: int, head_dim_v: int | None = None, *, scale: float, window: int | None = None,
@@ -93,11 +77,11 @@ class SinkAttention:
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         self._fi = flashinfer
         self._wrapper: Any = None
-        self._mode = ""  # "paged" or "ragged", set by the last plan
+        self._mode = ""  # "paged" or "ragged"
         self._block_size = 0
 
     def plan_paged(self, cu_seqlens_q: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> None:
-        """Queries ragged by ``cu_seqlens_q`` (the last keys of each sequence) over the paged cache."""
+        """Queries ragged by ``cu_seqlens_q`` over the paged cache."""
         fi = self._fi
         if self.sinks:
             w = fi.BatchAttentionWithAttentionSinkWrapper(
@@ -139,39 +123,3 @@ class SinkAttention:
         if self.sinks:
             return self._wrapper.run(q, k, v, sinks.to(torch.float32).contiguous(), self.scale)
         return self._wrapper.run(q, k, v)
-
-
-def attention_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, sinks=None, window=None, block_tables=None,
-                      block_size=0, max_seqlen_q=None) -> torch.Tensor:
-    """:func:`.attention.attention_prefill` through FlashInfer (plans on every call)."""
-    check_heads(q, k, v, sinks)
-    attn = SinkAttention(q.device, q.dtype, q.shape[1], k.shape[1], q.shape[2], v.shape[2], scale=scale, window=window,
-                         sinks=sinks is not None)
-    if block_tables is None:
-        attn.plan_ragged(cu_seqlens_q, cu_seqlens_k)
-    else:
-        attn.plan_paged(cu_seqlens_q, block_tables, cu_seqlens_k[1:] - cu_seqlens_k[:-1], block_size)
-    return attn.run(q, k, v, sinks)
-
-
-def attention_decode(q, k_cache, v_cache, block_tables, context_lens, block_size, scale, sinks=None, window=None) -> torch.Tensor:
-    """:func:`.attention.attention_decode` through FlashInfer (plans on every call)."""
-    check_heads(q, k_cache, v_cache, sinks)
-    attn = SinkAttention(q.device, q.dtype, q.shape[1], k_cache.shape[1], q.shape[2], v_cache.shape[2], scale=scale,
-                         window=window, sinks=sinks is not None)
-    cu_q = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
-    attn.plan_paged(cu_q, block_tables, context_lens, block_size)
-    return attn.run(q, k_cache, v_cache, sinks)
-
-
-def register() -> None:
-    """Register the backend when its package is installed, else record why it is absent."""
-    why = missing()
-    if why is not None:
-        dispatch.register_missing(NAME, why)
-        return
-    dispatch.register("attention_prefill", NAME, attention_prefill, available=available, priority=PRIORITY)
-    dispatch.register("attention_decode", NAME, attention_decode, available=available, priority=PRIORITY)
-
-
-register()

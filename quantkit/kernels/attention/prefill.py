@@ -1,63 +1,35 @@
-"""Triton sink attention prefill: flash attention over ragged (or paged) keys; helpers shared with decode.
-
-Computes the function of :mod:`.attention` (layouts and numerics there): per-head sinks, sliding
-window, GQA, causal with bottom-right aligned positions; bf16/fp16/fp32 in and out, float32
-softmax and accumulators, bf16/fp16 tensor-core dots (fp32 inputs: IEEE fp32 dots).
-
-* Prefill (FlashAttention-2 forward, Dao 2023; the Triton tutorial 06-fused-attention): one
-  program per (BLOCK_M queries, query head, sequence), online softmax in base 2 (the scale folded
-  into log2(e)).  The sink seeds the running max and denominator: m = sink * log2(e), l = 1
-  (exp2(sink - m) = 1), so it joins the denominator exactly once, unscaled, and adds nothing to
-  the numerator.  Keys run in three loops: blocks cut by the window's left edge (masked), blocks
-  every query of the tile sees (unmasked), blocks on the causal diagonal (masked).  Query blocks
-  run heaviest first.  Keys are rows of a ragged k/v, or gathered through a block table.
-* Decode: :mod:`.attention_triton_decode`, with the helpers here.
-
-Triton's CPU interpreter multiplies bf16 dot operands as raw integers, so interpreted runs cast
-dot operands to float32 (``dot_dtype``); the GPU tests cover the bf16 dots.
+"""Triton sink-attention prefill (:func:`.attention_ref.attention_prefill`; FlashAttention-2, Dao 2023) over ragged or
+paged keys, and helpers decode shares.  The sink seeds the online softmax (m = sink, l = 1), so it joins the
+denominator once.  The interpreter multiplies bf16 dot operands as integers: interpreted dots run float32.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from .. import dispatch
+from . import select
 from .attention_ref import check_heads, check_window
+from .tables import PrefillConfig
 from ..triton_numerics import PRIORITY, available, cdiv, interpreted, next_pow2
 
 LOG2E = 1.4426950408889634
 
 
-@dataclass(frozen=True)
-class PrefillConfig:
-    block_m: int = 128
-    block_n: int = 64
-    num_warps: int = 4
-    num_stages: int = 3
-
-    def name(self) -> str:
-        return f"{self.block_m}x{self.block_n}/w{self.num_warps}/st{self.num_stages}"
-
-
-INTERPRETER_PREFILL = PrefillConfig(16, 16, 1, 1)
-
-
 @triton.jit
 def paged_rows(BT, bt_row, offs_n, n_ok, block_size):
-    """Cache rows of key positions ``offs_n`` through the sequence's block-table row (pages of ``block_size``)."""
+    """Cache rows of key positions ``offs_n``."""
     page = tl.load(BT + bt_row + offs_n // block_size, mask=n_ok, other=0).to(tl.int64)
     return page * block_size + offs_n % block_size
 
 
 @triton.jit
 def softmax_step(qk, v, acc, l_i, m_i, NO_KEY_GUARD: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
-    """One online-softmax step: scores qk [rows, BN] (log2 units, -inf where masked) and values
-    v [BN, dv] (DOT) rescale and extend (acc, l_i, m_i), returned in that order.  NO_KEY_GUARD: a
-    row may have seen no key yet (no sink), so keep exp2 away from -inf - -inf."""
+    """One online-softmax step (scores in log2 units, -inf masked).  NO_KEY_GUARD: a row may have no key yet."""
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     if NO_KEY_GUARD:
         m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -74,7 +46,6 @@ def _prefill_loop(acc, l_i, m_i, q, q_pos, K, V, BT, bt_row, k_start, k_len, sk_
                   MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, PAGED: tl.constexpr, BLOCK_N: tl.constexpr,
                   DOT: tl.constexpr, PRECISION: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
-    # ragged keys: row pointers advance by BLOCK_N rows; paged keys: gathered through the block table
     k_ptrs = K + (k_start + lo + offs_n0)[:, None] * sk_t + offs_d[None, :]
     v_ptrs = V + (k_start + lo + offs_n0)[:, None] * sv_t + offs_dv[None, :]
     for start_n in range(lo, hi, BLOCK_N):
@@ -87,7 +58,7 @@ def _prefill_loop(acc, l_i, m_i, q, q_pos, K, V, BT, bt_row, k_start, k_len, sk_
         if MASKED:
             k = tl.load(k_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
             v = tl.load(v_ptrs, mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
-        else:  # every key of the block exists and is visible to every query of the tile
+        else:
             k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
             v = tl.load(v_ptrs, mask=dv_ok[None, :], other=0.0)
         qk = tl.dot(q, tl.trans(k.to(DOT)), input_precision=PRECISION) * qk_scale  # [BM, BN] log2 units
@@ -130,7 +101,7 @@ def _prefill_kernel(Q, K, V, O, SINKS, CU_Q, CU_K, BT,
     q_rows = (q_start + offs_m).to(tl.int64)
     q = tl.load(Q + q_rows[:, None] * sq_t + h * sq_h + offs_d[None, :], mask=m_ok[:, None] & d_ok[None, :], other=0.0)
     q = q.to(DOT)
-    if HAS_SINKS:  # the sink seeds the online softmax: m = sink (log2 units), l = exp2(0) = 1
+    if HAS_SINKS:
         m_i = tl.zeros([BLOCK_M], tl.float32) + tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634
         l_i = tl.full([BLOCK_M], 1.0, tl.float32)
     else:
@@ -141,7 +112,7 @@ def _prefill_kernel(Q, K, V, O, SINKS, CU_Q, CU_K, BT,
     K += kvh * sk_h
     V += kvh * sv_h
     bt_row = b.to(tl.int64) * s_bt
-    # key ranges: [lo, full_lo) masked (window edge), [full_lo, full_hi) unmasked, [full_hi, hi) masked (diagonal)
+    # keys [lo, full_lo) masked (window edge), [full_lo, full_hi) unmasked, [full_hi, hi) masked (diagonal)
     p_first = k_len - q_len + m0
     p_last = k_len - q_len + tl.minimum(m0 + BLOCK_M, q_len) - 1
     hi = p_last + 1
@@ -171,8 +142,7 @@ _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.floa
 
 
 def dot_dtype(dtype: torch.dtype) -> tuple[tl.dtype, str]:
-    """Dot operand dtype and input precision: the input dtype compiled (fp32 as IEEE, not TF32),
-    float32 in the interpreter (see the module docstring)."""
+    """(dot operand dtype, precision): the input's compiled (fp32 as IEEE), float32 interpreted."""
     assert dtype in _TL_DTYPES, f"attention kernels read {tuple(_TL_DTYPES)}, got {dtype}"
     dot = tl.float32 if interpreted() else _TL_DTYPES[dtype]
     return dot, ("ieee" if dot == tl.float32 else "tf32")
@@ -194,8 +164,7 @@ def check_index(name: str, t: torch.Tensor, device: torch.device) -> None:
 
 
 def check_operands(tensors: dict[str, torch.Tensor], indices: dict[str, torch.Tensor], sinks: torch.Tensor | None = None) -> torch.device:
-    """The launchers' input checks: every tensor read like the first (dtype, device, contiguous
-    head dim), index tensors int32/int64 on its device, sinks contiguous there; -> the device."""
+    """The launchers' layout checks; -> the device."""
     first = next(iter(tensors.values()))
     for name, t in tensors.items():
         check_layout(name, t, first.dtype, first.device)
@@ -207,19 +176,6 @@ def check_operands(tensors: dict[str, torch.Tensor], indices: dict[str, torch.Te
 
 def pow2(n: int, least: int = 16) -> int:
     return max(least, next_pow2(n))
-
-
-def default_prefill_config(head_dim: int, dtype: torch.dtype = torch.bfloat16) -> PrefillConfig:
-    """H200 sweep (scripts/bench_attention.py, 8192 tokens, 64 / 8 heads, d 64, bf16): 64 x 64 / 4
-    warps / 3 stages took 1.370 ms full causal and 0.155 ms with window 128, against 1.520 / 0.196
-    for 128 x 64 (the best of 13 configs in both).  Larger heads keep 128 x 64 / 8 warps (not swept).
-    float32 operands take twice the shared memory: above d 64 (MLA's 192 pads to 256) the bf16 tiles
-    need 361 KB against the H200's 227 KB, so float32 runs 64 x 32 tiles in 2 stages (160 KB)."""
-    if interpreted():
-        return INTERPRETER_PREFILL
-    if head_dim <= 64:
-        return PrefillConfig(64, 64, 4, 3)
-    return PrefillConfig(64, 32, 4, 2) if dtype == torch.float32 else PrefillConfig(128, 64, 8, 3)
 
 
 def attention_prefill(
@@ -237,7 +193,7 @@ def attention_prefill(
     *,
     config: PrefillConfig | None = None,
 ) -> torch.Tensor:
-    """Ragged causal sink attention (see :func:`.attention.attention_prefill`) -> [T, Hq, Dv]."""
+    """Ragged causal sink attention -> [T, Hq, Dv]; ``config`` None: the selection's (:func:`choose`)."""
     check_heads(q, k, v, sinks)
     check_window(window)
     paged = block_tables is not None
@@ -254,7 +210,7 @@ def attention_prefill(
         return out
     if max_seqlen_q is None:
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
-    cfg = config or default_prefill_config(d, q.dtype)
+    cfg = config or choose(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, sinks, window, block_tables, block_size).config
     dot, precision = dot_dtype(q.dtype)
     num_m_blocks = cdiv(max_seqlen_q, cfg.block_m)
     bt = block_tables if paged else cu_seqlens_q  # unread when not paged
@@ -269,4 +225,21 @@ def attention_prefill(
     return out
 
 
-dispatch.register("attention_prefill", "triton", attention_prefill, available=available, priority=PRIORITY)
+TRITON = "interpreter" if interpreted() else "compiled"
+
+
+def choose(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, sinks=None, window=None, block_tables=None, block_size=0, max_seqlen_q=None,
+           *, config: PrefillConfig | None = None) -> dispatch.Choice:
+    """:func:`.select.select_prefill` for these operands, its leaf bound."""
+    shape = select.prefill_shape(q, k, v, cu_seqlens_q, sinks, window, block_tables, block_size)
+    return _bound(dispatch.target(q.device), shape, config)
+
+
+@functools.lru_cache(maxsize=1024)
+def _bound(t: dispatch.Target, shape: select.Shape, config: PrefillConfig | None) -> dispatch.Choice:
+    c = select.select_prefill(t, shape, "triton", triton=TRITON, config=config)
+    return select.bind(c, attention_prefill, config=c.config)
+
+
+dispatch.register("attention_prefill", "triton", attention_prefill, available=available, priority=PRIORITY, select=choose)
+dispatch.register_map("attention_prefill", select.prefill_map)

@@ -1,10 +1,5 @@
-"""Triton backends of :mod:`.rope_ref`'s ``rope_rotate`` and ``rope_cache_write``: one launch each where torch launches
-slices, four products, a difference, a sum and a concatenation per tensor, then an index write per cache.
-``rope_cache_write`` reads q, k and v in place from the q/k/v GEMM's output (strided views) and writes nothing else.
-
-Numerics, bit for bit with the references: every float32 step an IEEE operation in the reference's order (launched
-with ``enable_fp_fusion=False``: no FMA contraction), each bfloat16 op rounded from the float32 bits
-(:func:`..triton_numerics.bf16_round`).
+"""Triton ``rope_rotate`` and ``rope_cache_write`` (:mod:`.rope_ref`), one launch each, bit for bit: float32 steps in
+the reference's order without FMA contraction, each bfloat16 op rounded from float32 (:func:`bf16_round`).
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ from . import rope_ref as ref
 
 @triton.jit
 def _rotate(row, j, mask, c, s, HALF: tl.constexpr, INTERLEAVED: tl.constexpr, ROUND: tl.constexpr):
-    """(lo, hi) halves of the rotated heads at ``row`` [BH, 1] pointers (rope_ref.rope_rotate's roundings)."""
+    """(lo, hi) halves of the rotated heads at ``row`` [BH, 1] pointers."""
     if INTERLEAVED:
         x1 = tl.load(row + 2 * j[None, :], mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(row + 2 * j[None, :] + 1, mask=mask, other=0.0).to(tl.float32)
@@ -41,7 +36,7 @@ def _table(cos_ptr, sin_ptr, t, j, HALF: tl.constexpr):
 
 @triton.jit
 def _rotate_into(src, dst, j, mask, cos_ptr, sin_ptr, t, HALF: tl.constexpr, INTERLEAVED: tl.constexpr, ROUND: tl.constexpr):
-    """Token t's heads at ``src`` rotated into ``dst`` (both [BH, 1] pointers to each head's first element)."""
+    """Token t's heads at ``src`` rotated into ``dst`` ([BH, 1] pointers)."""
     c, s = _table(cos_ptr, sin_ptr, t, j, HALF)
     lo, hi = _rotate(src, j, mask, c, s, HALF, INTERLEAVED, ROUND)
     tl.store(dst + j[None, :], lo.to(dst.dtype.element_ty), mask=mask)
@@ -62,7 +57,7 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, o_ptr, H, stride_t, stride_h, HALF: tl
 @dispatch.backend("rope_rotate", "triton", available=available, priority=PRIORITY)
 def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str = "half", *, block_h: int = 16,
                 num_warps: int = 4) -> torch.Tensor:  # fmt: skip
-    """:func:`.rope_ref.rope_rotate` in one launch; ``block_h`` heads per program (the bytes do not change)."""
+    """:func:`.rope_ref.rope_rotate`; ``block_h`` heads per program."""
     ref.check_rope(x, cos, sin, style)
     t, h, d = x.shape
     assert x.stride(2) == 1, f"rope_rotate: x needs unit stride along D, got strides {x.stride()}"
@@ -75,7 +70,6 @@ def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: st
             num_warps=num_warps, enable_fp_fusion=False,
         )  # fmt: skip
     return out
-
 
 
 @triton.jit
@@ -110,7 +104,7 @@ def _rope_cache_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, slot_ptr, qo_ptr, 
 def rope_cache_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str,
                      slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *, block_h: int = 16,
                      num_warps: int = 4) -> torch.Tensor:  # fmt: skip
-    """:func:`.rope_ref.rope_cache_write` in one launch (q, k and v read in place: strided views of one GEMM output)."""
+    """:func:`.rope_ref.rope_cache_write`; q, k, v may be strided views of one GEMM output."""
     ref.check_rope(q, cos, sin, style)
     ref.check_rope(k, cos, sin, style)
     ref.check_rope_cache(q, k, v, slots, k_cache, v_cache)

@@ -1,17 +1,8 @@
-"""The RoPE ops of an attention layer, in torch (the ``"torch"`` reference; Triton: :mod:`.rope`).
+"""RoPE ops of an attention layer, their torch references (Triton: :mod:`.rope`).
 
-| op            | input                                                        | returns                                   |
-|---------------|--------------------------------------------------------------|-------------------------------------------|
-| ``rope_rotate`` | x [T, H, D] (unit stride along D), cos, sin [T, D/2] in x's dtype, style | x rotated, [T, H, D] contiguous, x.dtype |
-| ``rope_cache_write`` | q [T, Hq, D], k, v [T, Hkv, D] (unit stride along D), cos, sin, style, slots [T], k_cache, v_cache [S, Hkv, D] | q rotated; k rotated and v written to the caches' rows ``slots`` |
-
-``rope_rotate`` is :class:`quantkit.engine.layers.rope.Rope`'s rotation: with x1, x2 the halves (style "half") or
-the even and odd elements ("interleaved"), out = [x1 cos - x2 sin | x2 cos + x1 sin], each product, difference and
-sum an operation in x's dtype (a bfloat16 op is the float32 op rounded to bfloat16), so a kernel that rounds at the
-same points gives the same bytes.  The engine makes the table (cos, sin) once per step (:meth:`.Rope.cos_sin`).
-
-``rope_cache_write`` is an attention layer's RoPE and KV-cache write in one: q and k rotated as ``rope_rotate``
-rotates them, the rotated k and v stored (in the caches' dtype) at the step's slots.
+``rope_rotate`` (:class:`quantkit.engine.layers.rope.Rope`): x [T, H, D], cos, sin [T, D/2] in x's dtype; with x1, x2
+the halves ("half") or even and odd elements ("interleaved"), out = [x1 cos - x2 sin | x2 cos + x1 sin], each op in
+x's dtype.  ``rope_cache_write``: q, k rotated so, k and v stored at the caches' rows ``slots``; returns q rotated.
 """
 
 from __future__ import annotations
@@ -35,7 +26,7 @@ def check_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str
 
 
 def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str = "half") -> torch.Tensor:
-    """x [T, H, D] rotated by the per-token table cos, sin [T, D/2] (module docstring)."""
+    """x [T, H, D] rotated by the per-token table cos, sin [T, D/2]."""
     check_rope(x, cos, sin, style)
     d = x.shape[-1]
     c, s = cos[:, None], sin[:, None]
@@ -55,7 +46,7 @@ def check_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: t
 
 def rope_cache_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str,
                      slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """q rotated; k rotated and v stored at the caches' rows ``slots`` (module docstring)."""
+    """q rotated; k rotated and v stored at the caches' rows ``slots``."""
     check_rope_cache(q, k, v, slots, k_cache, v_cache)
     q_rot = rope_rotate(q, cos, sin, style)
     k_cache[slots] = rope_rotate(k, cos, sin, style).to(k_cache.dtype)

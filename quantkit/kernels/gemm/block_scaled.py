@@ -1,30 +1,15 @@
-"""Triton block-scaled FP8 GEMM, tiled (prefill / large M): C = dequant(X) @ dequant(Y).T (+ bias), float32 accumulation.
+"""Triton block-scaled FP8 GEMM, tiled (large M): C = dequant(X) @ dequant(Y).T (+ bias), float32 accumulation.
 
-Operands (the :mod:`quantkit.formats` layouts, no repacking) are :class:`Side` s: E4M3 rows
-[rows, K] (K contiguous) plus a scale grid in which one scale covers ``rps`` rows x ``kps``
-columns, F32 or U8 E8M0.  FP8-block (DeepSeek-V3 inference/kernel.py ``fp8_gemm``, vLLM
-``w8a8_block_fp8_matmul``): activations rps=1, kps=128; weights 128x128 tiles.  MXFP8: rps=1, kps=32.
+Operands are :class:`Side` s: E4M3 rows [rows, K] plus a scale grid, one scale per ``rps`` rows x ``kps`` columns, F32
+or U8 E8M0 (FP8-block: activations 1x128, weights 128x128, as DeepSeek-V3's ``fp8_gemm``; MXFP8: 1x32).  Each 128-deep
+K step runs as sub-blocks of min(kps) columns; each sub-block's fp8 dot is promoted into the float32 accumulator times
+both scales (the tensor core's own accumulation spans one scale block only).  ``upcast`` instead multiplies the E4M3
+tiles by their power-of-two scales in bf16, exactly, for one bf16 dot.  A partial last K block is masked (TMA
+zero-fills it); rows need not fill a tile.
 
-The kernel walks K in BLOCK_K = 128 steps, each as sub-blocks of SUB_K = min(kps) columns: per
-sub-block the fp8 tensor-core dot of the two tiles is promoted into the float32 accumulator times
-both scales (``acc += dot(x, y) * xs[:, None] * ys[None, :]``, DeepSeek's per-128 promotion; the
-tensor core's own accumulation spans one scale block only).  With ``upcast`` the E4M3 tiles are
-multiplied by their (power-of-two) scales in bf16, exactly, and a bf16 dot accumulates in float32.
-K need not be a multiple of 128: full blocks run unmasked, the partial last block masked (with
-TMA, out-of-range rows and columns arrive as zeros); rows need not fill a tile.
-
-Launch choices (:class:`Config`, vLLM's / Triton's persistent-matmul tutorial design): grouped
-tile order (GROUP rows of tiles share a column tile while it is in L2), TMA descriptor loads
-(host ``TensorDescriptor``: rows 16-byte aligned), optional persistent programs looping over
-tiles (``tl.range(..., flatten=True)``, TMA only), split-K with a deterministic reduction.
-Warp specialisation is not used: for sm_90, Triton 3.6's ``tl.range(warp_specialize=True)``
-builds DeepGEMM's layout (one TMA producer warpgroup, two 64-row consumer warpgroups at 232
-registers) from this loop, but every such variant tried (128x128 and 128x256 / 256x128 tiles, 3-5
-stages) hung on the H200, even on a 256x256x512 problem; with one consumer (64x128) it ran at 0.63x
-the plain kernel.  The 128x256 tiles spill: promotion keeps two f32 tiles live.
-
-Split-K partials go to a :class:`Workspace` (cached, reused; its arrival counters are reset by
-the kernel itself), so a launch allocates only its output and is CUDA-graph safe.
+Launch options (:class:`Config`): grouped tile order (tiles sharing a column tile run while it is in L2), TMA loads
+(16-byte aligned rows), persistent programs (TMA only), split-K with a deterministic reduction through a
+:class:`Workspace`, so a launch allocates only its output and is CUDA-graph safe.
 """
 
 from __future__ import annotations
@@ -44,9 +29,7 @@ INT32_LIMIT = 2**31
 
 
 class Side(NamedTuple):
-    """One GEMM operand: E4M3 ``q`` [rows, K]; ``s`` [ceil(rows/rps), ceil(K/kps)] F32 or U8 (E8M0).
-
-    ``pow2``: the F32 scales are known powers of two (U8 E8M0 scales always are)."""
+    """E4M3 ``q`` [rows, K]; ``s`` [ceil(rows/rps), ceil(K/kps)] F32 or U8 E8M0; ``pow2``: F32 scales are powers of two."""
 
     q: torch.Tensor
     s: torch.Tensor
@@ -56,16 +39,10 @@ class Side(NamedTuple):
 
 
 class Workspace:
-    """Scratch memory of split-K launches, per device: float32 partial tiles and int32 arrival
-    counters (grids are sized by :func:`.dispatch.sm_count`).
-
-    Counters are zero between launches (the last program of each output tile resets its own), so
-    a launch needs no memset and allocates nothing once the buffers are large enough: CUDA-graph
-    safe.  Buffers only grow, and a replaced buffer is kept alive (a captured graph may still
-    point at it).  Growing during a graph capture raises: run the GEMM once before capturing, as
-    any warm-up does.  :data:`WORKSPACE` serves every launch not given its own; kernels on one
-    stream run in order and can share it, launches on concurrent streams need one each.
-    """
+    """Split-K scratch per device: float32 partial tiles and int32 arrival counters.  The last program of each tile
+    zeroes its counter, so launches need no memset; buffers only grow (a replaced one is kept alive for graphs that
+    captured it), and growing during a graph capture raises: warm up first.  Launches on concurrent streams need one
+    each."""
 
     def __init__(self) -> None:
         self._bufs: dict[tuple[str, str, int | None], torch.Tensor] = {}
@@ -79,7 +56,6 @@ class Workspace:
 
     @staticmethod
     def _device_key(device: torch.device) -> tuple[str, int | None]:
-        """("cuda", index) with the current device's index for a bare "cuda": one buffer per GPU."""
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             return ("cuda", torch.cuda.current_device())
@@ -95,29 +71,31 @@ class Workspace:
         if buf is not None:
             self._retired.append(buf)
             numel = max(numel, 2 * buf.numel())
-        buf = torch.zeros(numel, dtype=dtype, device=device)  # 1-D scratch; counters must start at zero
+        buf = torch.zeros(numel, dtype=dtype, device=device)  # counters start at zero
         self._bufs[key] = buf
         return buf
 
 
-WORKSPACE = Workspace()  # the explicit, documented cache; pass your own Workspace for concurrent streams
+WORKSPACE = Workspace()
 
 
 @dataclass(frozen=True)
 class Config:
-    """One tiled launch; ``split_k`` 0 means "choose from the SM count"; ``persistent`` n > 0
-    runs n programs per SM that loop over the output tiles (TMA loads, no split-K)."""
+    """One tiled launch; ``split_k`` 0: from the SM count; ``persistent`` n: n programs per SM loop over the tiles."""
 
     block_m: int
     block_n: int
-    group: int = 8  # grouped (L2-friendly) ordering of output tiles along the long side
+    group: int = 8
     split_k: int = 1
     swap_ab: bool = False
     upcast: bool = False
-    tma: bool = False  # operand tiles through TMA descriptors (needs K % 16 == 0) instead of pointer loads
+    tma: bool = False
     persistent: int = 0
     num_warps: int = 4
     num_stages: int = 3
+
+    def __str__(self) -> str:
+        return self.name()
 
     def name(self) -> str:
         flags = ("swap" if self.swap_ab else "") + ("+up" if self.upcast else "") + ("+tma" if self.tma else "")
@@ -128,7 +106,7 @@ class Config:
 
 @triton.jit
 def tile_coords(pid, P, Q, BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, GROUP_P: tl.constexpr):
-    """Grouped ordering: GROUP_P consecutive P-tiles share each Q-tile while it is in L2."""
+    """Grouped order: GROUP_P P-tiles share each Q-tile while it is in L2."""
     n_p = tl.cdiv(P, BLOCK_P)
     n_q = tl.cdiv(Q, BLOCK_Q)
     width = GROUP_P * n_q
@@ -168,10 +146,8 @@ def promote(acc, d, xs, ys, X_UNIFORM: tl.constexpr, Y_UNIFORM: tl.constexpr):
 @triton.jit
 def split_reduce_pair(acc, acc2, part_ptr, count_ptr, tile, n_tiles, split, n_split, PAIR: tl.constexpr,
                       BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr):  # fmt: skip
-    """Deterministic split-K: store this split's [BLOCK_A, BLOCK_B] partial (and, with PAIR, a
-    second one beside it: a gated GEMM's gate and up) at part[split, tile]; the last program to
-    arrive at ``tile`` (an acq_rel counter, CUTLASS's semaphore pattern) sums all partials in split
-    order and resets the counter to zero.  Returns (is_last, sum, sum2; sum2 zeros without PAIR)."""
+    """Deterministic split-K (CUTLASS's semaphore): store this split's partial (with PAIR a second beside it) at
+    part[split, tile]; the last to arrive sums all in split order and zeroes the counter.  (is_last, sum, sum2)."""
     HALVES: tl.constexpr = 2 if PAIR else 1
     size: tl.constexpr = BLOCK_A * BLOCK_B
     loc = tl.arange(0, BLOCK_A)[:, None] * BLOCK_B + tl.arange(0, BLOCK_B)[None, :]
@@ -190,7 +166,7 @@ def split_reduce_pair(acc, acc2, part_ptr, count_ptr, tile, n_tiles, split, n_sp
             total += tl.load(base + s * stride + loc, cache_modifier=".cg")
             if PAIR:
                 total2 += tl.load(base + s * stride + size + loc, cache_modifier=".cg")
-        tl.store(count_ptr + tile, 0)  # zero again for the next launch (and every graph replay)
+        tl.store(count_ptr + tile, 0)  # for the next launch and every graph replay
     return last, total, total2
 
 
@@ -218,13 +194,13 @@ def _tile_step(acc, x_ptr, xs_ptr, y_ptr, ys_ptr, x_desc, y_desc, rows_x, rows_y
                X_RPS: tl.constexpr, X_KPS: tl.constexpr, X_E8M0: tl.constexpr, Y_RPS: tl.constexpr, Y_KPS: tl.constexpr, Y_E8M0: tl.constexpr,
                BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr,
                MASKED: tl.constexpr, USE_TMA: tl.constexpr, UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr):  # fmt: skip
-    """One BLOCK_K step of a tile: BLOCK_K // SUB_K sub-blocks, each dot promoted with its scales."""
+    """One BLOCK_K step: each SUB_K sub-block's dot promoted with its scales."""
     X_UNIFORM: tl.constexpr = X_RPS % BLOCK_P == 0
     Y_UNIFORM: tl.constexpr = Y_RPS % BLOCK_Q == 0
     offs_s = tl.arange(0, SUB_K)
     for j in tl.static_range(BLOCK_K // SUB_K):
         k0 = kb * BLOCK_K + j * SUB_K
-        if USE_TMA:  # out-of-range rows and K columns arrive as zeros
+        if USE_TMA:  # out-of-range rows and columns arrive as zeros
             x = x_desc.load([p0, k0])  # [BP, SUB_K]
             y = y_desc.load([q0, k0]).T  # [SUB_K, BQ]
         else:
@@ -241,7 +217,7 @@ def _tile_step(acc, x_ptr, xs_ptr, y_ptr, ys_ptr, x_desc, y_desc, rows_x, rows_y
         ycol = kb * (BLOCK_K // Y_KPS) + (j * SUB_K) // Y_KPS
         xs = side_scale(xs_ptr, rows_x, p0, xcol, XS_COLS, sxsp, sxsk, X_RPS, BLOCK_P, X_E8M0)
         ys = side_scale(ys_ptr, rows_y, q0, ycol, YS_COLS, sysq, sysk, Y_RPS, BLOCK_Q, Y_E8M0)
-        if UPCAST:  # power-of-two scales: E4M3 * 2**k is exact in bf16; bf16 dot, f32 accumulation
+        if UPCAST:  # E4M3 * 2**k is exact in bf16
             if X_UNIFORM:
                 xb = (x.to(tl.float32) * xs).to(UP_DTYPE)
             else:
@@ -256,7 +232,7 @@ def _tile_step(acc, x_ptr, xs_ptr, y_ptr, ys_ptr, x_desc, y_desc, rows_x, rows_y
     return acc
 
 
-@triton.jit  # integers specialised (divisibility by 16): unspecialised P, Q and strides ran 4-40% slower on the H200
+@triton.jit  # integers specialised (divisibility by 16): unspecialised they run 4-40% slower
 def _tiled_kernel(
     x_ptr, xs_ptr, y_ptr, ys_ptr, c_ptr, bias_ptr, part_ptr, count_ptr, x_desc, y_desc,
     P, Q, K, XS_COLS, YS_COLS, kb_per_split,
@@ -267,15 +243,15 @@ def _tiled_kernel(
     BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr,
     GROUP_P: tl.constexpr, HAS_SPLIT: tl.constexpr, USE_TMA: tl.constexpr, PERSISTENT: tl.constexpr,
 ):  # fmt: skip
-    """C[P, Q] = X[P, K] @ Y[Q, K].T with per-sub-block promotion; see the module docstring."""
+    """C[P, Q] = X[P, K] @ Y[Q, K].T."""
     n_kb = tl.cdiv(K, BLOCK_K)
     n_full = K // BLOCK_K
-    if PERSISTENT:  # USE_TMA: every step unmasked; Triton's persistent-matmul tutorial loop
+    if PERSISTENT:  # Triton's persistent-matmul tutorial loop; TMA: every step unmasked
         n_tiles = tl.cdiv(P, BLOCK_P) * tl.cdiv(Q, BLOCK_Q)
-        t_out = tl.program_id(0) - tl.num_programs(0)  # a second tile counter for the epilogue (the tutorial's pipelining workaround)
+        t_out = tl.program_id(0) - tl.num_programs(0)  # the epilogue's own tile counter, as in the tutorial
         for t in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), flatten=True):
             pid_p, pid_q = tile_coords(t, P, Q, BLOCK_P, BLOCK_Q, GROUP_P)
-            rows_x = tl.minimum(pid_p * BLOCK_P + tl.arange(0, BLOCK_P), P - 1)  # for per-row scales
+            rows_x = tl.minimum(pid_p * BLOCK_P + tl.arange(0, BLOCK_P), P - 1)
             rows_y = tl.minimum(pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q), Q - 1)
             acc = tl.zeros((BLOCK_P, BLOCK_Q), dtype=tl.float32)
             for kb in range(0, n_kb):
@@ -319,13 +295,13 @@ def _tiled_kernel(
 
 
 def auto_split(tiles: int, n_kb: int, sms: int) -> int:
-    """Split K until the grid covers ~2 waves of SMs, keeping >= 2 K-blocks (256) per split."""
+    """Splits for about 2 waves of SMs, at least 2 K-blocks each."""
     want = cdiv(2 * sms, max(tiles, 1))
     return max(1, min(want, n_kb // 2, 16))
 
 
 def split_plan(want: int, n_kb: int) -> tuple[int, int]:
-    """(splits, K-blocks per split) with no empty split: every split gets >= 1 block."""
+    """(splits, K-blocks per split), none empty."""
     per = cdiv(n_kb, max(1, min(want, n_kb)))
     return cdiv(n_kb, per), per
 
@@ -343,12 +319,11 @@ def check_side(side: Side, what: str, k: int) -> None:
 
 
 def tma_ok(*qs: torch.Tensor) -> bool:
-    """TMA needs 16-byte aligned rows and base addresses."""
     return all(q.stride(0) % 16 == 0 and q.data_ptr() % 16 == 0 for q in qs)
 
 
 def block_scaled_mm(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtype, cfg: Config, workspace: Workspace | None = None) -> torch.Tensor:
-    """[M, K] x [N, K] -> out_dtype [M, N]; ``a`` is the token side, ``w`` the weight side."""
+    """[M, K] tokens x [N, K] weight -> out_dtype [M, N]."""
     m, k = a.q.shape
     n = w.q.shape[0]
     check_side(a, "activation", k)
@@ -385,7 +360,7 @@ def block_scaled_mm(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torc
 
 
 def _descriptor(q: torch.Tensor, rows: int, cols: int):
-    """TMA descriptor of E4M3 [R, K] in [rows, cols] boxes; TMA needs 16-byte aligned row strides."""
+    """TMA descriptor of E4M3 [R, K] in [rows, cols] boxes."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     assert tma_ok(q), f"TMA needs 16-byte aligned rows, got row stride {q.stride(0)}"
@@ -393,6 +368,5 @@ def _descriptor(q: torch.Tensor, rows: int, cols: int):
 
 
 def upcast_dtype() -> tl.dtype:
-    """bf16 operands for the upcast dot; float32 in the CPU interpreter, whose dot runs numpy
-    matmul on bf16's raw uint16 storage (the values are exact either way; the GPU test covers bf16)."""
+    """bf16 for the upcast dot; float32 in the CPU interpreter, whose numpy dot would read bf16's raw storage."""
     return tl.float32 if interpreted() else tl.bfloat16

@@ -1,26 +1,12 @@
-"""DeepGEMM's FP8-block GEMM for Hopper, built from the copy that FlashInfer ships.
+"""DeepGEMM's FP8-block GEMM for Hopper (sm_90a), compiled per (N, K, tiles) with ``nvcc`` from the copy of
+``fp8_gemm_kernel`` that ``flashinfer-python`` (0.5.x) ships (PyPI's ``deep-gemm`` has no CUDA headers), cached in
+``~/.cache/quantkit/deepgemm`` and launched through a small C entry point loaded with ctypes (:func:`configure`).
 
-PyPI's ``deep-gemm`` cannot be installed (an sdist without its CUDA headers), but
-``flashinfer-python`` (0.5.x) carries TensorRT-LLM's copy of DeepGEMM's SM90 kernel
-(``flashinfer/data/csrc/nv_internal/tensorrt_llm/deep_gemm``: ``fp8_gemm_kernel``, the
-warp-specialised TMA + wgmma GEMM with per-128 promotion, persistent, TMA multicast).  This
-module compiles that kernel with ``nvcc`` for one (N, K, tiles) at a time, as DeepGEMM itself does
-at run time, into ``~/.cache/quantkit/deepgemm``, and launches it through a small C entry point of
-our own (TMA descriptors, cluster launch) loaded with ctypes.  :func:`configure` sets another
-header folder, nvcc or cache folder (the package reads no environment variables).  Nothing here is
-imported unless asked for; without FlashInfer's headers, ``nvcc`` or an sm_90 device,
-:func:`available` says which is missing.
-
-Operands (the kernel's rules): A E4M3 [M, K] row-major; its scales F32 MN-major
-[ceil(K/128), M rounded up to 4] (:func:`prepare_act`; the quantizers write that layout themselves
-with ``scale_mn=True``, :func:`quantkit.formats.fp8_block.mn_major_storage` finds it, and then no
-copy is made); W E4M3 [N, K] (K-major) with F32 scales [ceil(N/128), ceil(K/128)]; out bf16 [M, N].
-The kernel walks K in whole 128-blocks: it is compiled for K rounded up to 128 while the TMA
-descriptors of A and W carry the true K, so TMA fills the columns past K with zeros (GPT-OSS's 2880
-runs as 2944 with no padded copy of anything).  K must be a multiple of 16 (TMA's 16-byte row
-strides); N a multiple of 8 (16-byte rows for the TMA store).  Grouped contiguous (MoE): A's rows sorted by
-expert, each expert's rows padded to a multiple of 128, ``m_indices`` int32 [M] the expert of each
-row; W stacked [E * N, K], scales [E, ceil(N/128), K/128].
+Operands: A E4M3 [M, K] row-major; its scales F32 MN-major [ceil(K/128), M rounded up to 4] (the quantizers write that
+layout with ``scale_mn=True``, then no copy is made); W E4M3 [N, K] with F32 scales [ceil(N/128), ceil(K/128)]; out bf16
+[M, N].  The kernel is compiled for K rounded up to 128 while the TMA descriptors carry the true K, so TMA zero-fills
+the tail.  K % 16 == 0 (16-byte TMA rows), N % 8 == 0 (the TMA store).  Grouped contiguous (MoE): A's rows sorted by
+expert and padded to 128 per expert, ``m_indices`` int32 [M]; W [E * N, K], scales [E, ceil(N/128), K/128].
 """
 
 from __future__ import annotations
@@ -43,7 +29,6 @@ import torch
 from .. import dispatch
 from ..dispatch import SM90_SMEM, capability, sm_count, wave_key
 from ...formats import fp8_block
-from .scaled_mm import mn_major_scales
 
 BLOCK = 128
 NVCC_DEFAULT = Path("/usr/local/cuda/bin/nvcc")  # where nvcc is not on PATH
@@ -51,10 +36,9 @@ NVCC_DEFAULT = Path("/usr/local/cuda/bin/nvcc")  # where nvcc is not on PATH
 
 @dataclass
 class Settings:
-    """Where the headers, nvcc and the built kernels are (None: FlashInfer's headers, nvcc on PATH
-    or :data:`NVCC_DEFAULT`, ``~/.cache/quantkit/deepgemm``)."""
+    """None: FlashInfer's headers, nvcc on PATH or :data:`NVCC_DEFAULT`, ``~/.cache/quantkit/deepgemm``."""
 
-    include_dir: Path | None = None  # a folder holding deep_gemm/fp8_gemm_impl.cuh
+    include_dir: Path | None = None
     nvcc: Path | None = None
     cache_dir: Path | None = None
 
@@ -63,12 +47,13 @@ SETTINGS = Settings()
 
 
 def configure(include_dir: str | Path | None = None, nvcc: str | Path | None = None, cache_dir: str | Path | None = None) -> None:
-    """Set where DeepGEMM's headers, nvcc and the kernel cache are (call before the first GEMM)."""
     SETTINGS.include_dir = Path(include_dir) if include_dir else None
     SETTINGS.nvcc = Path(nvcc) if nvcc else None
     SETTINGS.cache_dir = Path(cache_dir) if cache_dir else None
     _AVAIL.clear()
-PRIORITY = 4  # explicit only: the first call for a shape compiles (about 4 s)
+
+
+PRIORITY = 4  # explicit; auto reaches it through the gemm_fp8_block selection
 
 SOURCE = r"""
 #include <cstdio>
@@ -128,12 +113,12 @@ extern "C" int qk_launch(void* a, void* sa, void* b, void* sb, void* d, void* la
 
 
 class BuildError(RuntimeError):
-    """nvcc could not build a kernel (by-shape then stops choosing DeepGEMM on that device)."""
+    """nvcc could not build a kernel."""
 
 
 @dataclass(frozen=True)
 class Config:
-    """One compiled kernel: tiles, pipeline stages, TMA multicast (cluster size), shared memory."""
+    """One compiled kernel: tiles, stages, TMA multicast (cluster size), shared memory bytes."""
 
     block_m: int
     block_n: int
@@ -141,12 +126,14 @@ class Config:
     multicast: int
     smem: int
 
+    def __str__(self) -> str:
+        return self.name()
+
     def name(self) -> str:
         return f"dg {self.block_m}x{self.block_n} st{self.stages} mc{self.multicast}"
 
 
 def include_dir() -> Path | None:
-    """The folder holding ``deep_gemm/fp8_gemm_impl.cuh``: the configured one, else FlashInfer's."""
     if SETTINGS.include_dir is not None:
         roots = [SETTINGS.include_dir]
     else:
@@ -171,14 +158,14 @@ def available(device: torch.device) -> dispatch.Availability:
         return dispatch.Availability(False, reason="no deep_gemm headers: install flashinfer-python (0.5.x ships them) or deepgemm.configure(include_dir=...)")
     if nvcc_path() is None:
         return dispatch.Availability(False, reason="no nvcc on PATH (or deepgemm.configure(nvcc=...)): DeepGEMM kernels are compiled per shape")
-    return dispatch.Availability(True, auto=False, reason="explicit only: compiles each (N, K) on first use")
+    return dispatch.Availability(True, auto=False, reason="explicit; auto runs it through gemm_fp8_block's selection")
 
 
 _AVAIL: dict[str, dispatch.Availability] = {}
 
 
 def available_cached(device: torch.device) -> dispatch.Availability:
-    """:func:`available`, asked once per device (it looks for headers and nvcc on disk)."""
+    """:func:`available`, asked once per device (it looks on disk)."""
     key = str(device)
     if key not in _AVAIL:
         _AVAIL[key] = available(device)
@@ -186,13 +173,12 @@ def available_cached(device: torch.device) -> dispatch.Availability:
 
 
 def disable(device: torch.device, why: str) -> None:
-    """Mark DeepGEMM unavailable on ``device`` for the rest of the process (after a failed build)."""
+    """DeepGEMM unavailable on ``device`` from now on (after a failed build)."""
     _AVAIL[str(device)] = dispatch.Availability(False, reason=why)
 
 
 def smem_size(stages: int, k: int, block_m: int, block_n: int) -> int:
-    """Dynamic shared memory of one block (DeepGEMM's formula): D tile, the A / B / A-scale stages,
-    every K block's B scales (two rows when BLOCK_N does not divide 128), the barriers."""
+    """DeepGEMM's formula: D tile, A / B / A-scale stages, every K block's B scales, barriers."""
     kb = -(-k // BLOCK)
     sb = -(-(kb * 4 * (1 if BLOCK % block_n == 0 else 2)) // 8) * 8
     return block_m * block_n * 2 + stages * (block_m * BLOCK + block_n * BLOCK + block_m * 4) + sb + stages * 16
@@ -200,9 +186,8 @@ def smem_size(stages: int, k: int, block_m: int, block_n: int) -> int:
 
 @functools.lru_cache(maxsize=1024)  # asked on every launch; a pure function of its ints
 def best_config(m: int, n: int, k: int, num_sms: int, groups: int = 1, contiguous: bool = False) -> Config:
-    """DeepGEMM's choice: the BLOCK_N in 16..128 (step 8) with the fewest waves, then the fullest last
-    wave, then the smaller tile; the most stages that fit; a 2-block cluster (TMA multicast of A)
-    from M = 1024 when N splits evenly.  Grouped contiguous always takes 128-row tiles."""
+    """DeepGEMM's rule: the BLOCK_N with the fewest waves, then the fullest last wave, then the smaller; the
+    most stages that fit; a 2-block cluster from M = 1024."""
     block_m = 128 if contiguous or m > 64 else 64
     best = min(range(16, 129, 8), key=lambda bn: (*wave_key(-(-m // block_m) * -(-n // bn) * groups, num_sms), bn))
     stages = next((s for s in ((8, 7, 6, 5, 4) if BLOCK % best == 0 else (6, 5, 4)) if smem_size(s, k, block_m, best) <= SM90_SMEM), 0)
@@ -213,15 +198,17 @@ def best_config(m: int, n: int, k: int, num_sms: int, groups: int = 1, contiguou
 
 
 def config_m(m: int) -> int:
-    """The M a launch's config is chosen for: 64, 128, else M rounded up to a power of two, so that a
-    server whose batch sizes vary compiles a few kernels per (N, K), not one per M."""
+    """M bucketed (64, 128, then powers of two): a few kernels per (N, K), not one per batch size."""
     return 64 if m <= 64 else 128 if m <= 128 else 1 << (m - 1).bit_length()
 
 
 def launch_config(m: int, n: int, k: int, device: torch.device, contiguous: bool = False) -> Config:
-    """The config a launch of M rows on an [N, K] weight runs (and :func:`prebuild` compiles): DeepGEMM's rule
-    for M bucketed by :func:`config_m` and K rounded up to whole 128-blocks."""
-    return best_config(config_m(m), n, -(-k // BLOCK) * BLOCK, sm_count(device), 1, contiguous)
+    """The config a launch of M rows on an [N, K] weight runs."""
+    return config_for(m, n, k, sm_count(device), contiguous)
+
+
+def config_for(m: int, n: int, k: int, sms: int, contiguous: bool = False) -> Config:
+    return best_config(config_m(m), n, -(-k // BLOCK) * BLOCK, sms, 1, contiguous)
 
 
 _LIBS: dict[tuple, ctypes.CDLL] = {}
@@ -233,7 +220,7 @@ def _cache_dir() -> Path:
 
 
 def build(n: int, k: int, cfg: Config, groups: int = 1, contiguous: bool = False) -> ctypes.CDLL:
-    """Compile (once; then from the on-disk cache) and load the kernel for this (N, true K, config)."""
+    """Compile (once, then from the disk cache) and load the kernel for (N, true K, config)."""
     key = (n, k, cfg.block_m, cfg.block_n, cfg.stages, cfg.multicast, groups, contiguous)
     with _LOCK:
         lib = _LIBS.get(key)
@@ -257,7 +244,7 @@ def build(n: int, k: int, cfg: Config, groups: int = 1, contiguous: bool = False
             run = subprocess.run([nvcc, *flags, "-o", str(so), str(src)], capture_output=True, text=True)
             if run.returncode:
                 raise BuildError(f"DeepGEMM build failed for N={n} K={k} {cfg.name()}:\n{run.stderr[-3000:]}")
-            os.replace(so, out)  # atomic: a concurrent builder of the same key leaves one whole file
+            os.replace(so, out)  # atomic: concurrent builders of one key leave one whole file
     lib = ctypes.CDLL(str(out))
     lib.qk_launch.restype = ctypes.c_int
     lib.qk_launch.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_uint32, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
@@ -267,9 +254,7 @@ def build(n: int, k: int, cfg: Config, groups: int = 1, contiguous: bool = False
 
 
 def prebuild(jobs: Iterable[tuple[int, int, Config]], workers: int = 8) -> list[str]:
-    """Compile these (N, true K, config) kernels ahead, ``workers`` nvcc at a time (a kernel takes about
-    4-5 s, then loads from the on-disk cache): a server's warm-up, so no request waits for nvcc
-    (:func:`quantkit.kernels.gemm.scaled_mm.deepgemm_jobs` lists what by-shape will build).  The failed builds' messages."""
+    """Compile kernels ahead, ``workers`` at a time (about 4-5 s each); the failed builds' messages."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max(1, workers)) as pool:
@@ -279,7 +264,7 @@ def prebuild(jobs: Iterable[tuple[int, int, Config]], workers: int = 8) -> list[
 
 @dataclass(frozen=True)
 class DeepGemmWeight:
-    """A weight in the kernel's layout: ``w`` E4M3 [groups * N, K] contiguous, ``scale`` F32 contiguous."""
+    """``w`` E4M3 [groups * N, K] contiguous, ``scale`` F32 contiguous."""
 
     w: torch.Tensor
     scale: torch.Tensor
@@ -289,7 +274,6 @@ class DeepGemmWeight:
 
 
 def prepare_weight(w: torch.Tensor, w_scale: torch.Tensor) -> DeepGemmWeight:
-    """W E4M3 [N, K] or [E, N, K] + F32 [(E,) ceil(N/128), ceil(K/128)] -> the kernel's layout."""
     grouped = w.dim() == 3
     groups, n, k = (w.shape if grouped else (1, *w.shape))
     kb = -(-k // BLOCK)
@@ -299,19 +283,27 @@ def prepare_weight(w: torch.Tensor, w_scale: torch.Tensor) -> DeepGemmWeight:
         raise ValueError(f"DeepGEMM: N={n} is not a multiple of 8 (the output rows are stored by TMA in 16-byte units)")
     if k % 16:
         raise ValueError(f"DeepGEMM: K={k} is not a multiple of 16 (TMA needs 16-byte row strides)")
-    wp = w.reshape(groups * n, k).contiguous()  # no copy for a contiguous weight
+    wp = w.reshape(groups * n, k).contiguous()
     return DeepGemmWeight(wp, w_scale.to(torch.float32).contiguous(), n, k, groups)
 
 
+def mn_major_scales(a_scale: torch.Tensor, rows: int) -> torch.Tensor:
+    """F32 [M, kb] activation scales -> contiguous [kb, rows] (extra columns zero); no copy where a quantizer
+    wrote them MN-major with ``rows`` columns."""
+    base = fp8_block.mn_major_storage(a_scale)
+    if base is not None and base.shape[1] == rows:
+        return base
+    return fp8_block.mn_major_copy(a_scale, rows)
+
+
 def prepare_act(a: torch.Tensor, a_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[M, K] E4M3 + F32 [M, ceil(K/128)] -> (row-major [M, K], MN-major scales [kb, M4]): the scales'
-    own buffer where they are MN-major already, else one transposing copy."""
+    """(row-major [M, K], MN-major scales [kb, M rounded up to 4])."""
     return a.contiguous(), mn_major_scales(a_scale, fp8_block.mn_rows(a.shape[0]))
 
 
 def gemm_prepared(a: torch.Tensor, sa: torch.Tensor, dw: DeepGemmWeight, m_indices: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, cfg: Config | None = None) -> torch.Tensor:  # fmt: skip
-    """One launch on prepared operands -> bf16 [M, N]; ``m_indices`` makes it grouped contiguous."""
+    """One launch -> bf16 [M, N]; ``m_indices`` makes it grouped contiguous."""
     m, k = a.shape
     if k != dw.k:
         raise ValueError(f"DeepGEMM: activation K={k} does not match the weight's K={dw.k}")
@@ -334,8 +326,7 @@ def gemm_prepared(a: torch.Tensor, sa: torch.Tensor, dw: DeepGemmWeight, m_indic
 
 
 def gemm_fp8_block_deepgemm(a, a_scale, w, w_scale, bias=None, out_dtype=torch.bfloat16) -> torch.Tensor:
-    """The op through DeepGEMM; prepares the weight and the scales on every call (serving code keeps
-    a :class:`DeepGemmWeight` and calls :func:`gemm_prepared`).  Bias and out_dtype: one more rounding."""
+    """The op's DeepGEMM leaf: bf16 out, then bias / out_dtype with one more rounding."""
     dw = prepare_weight(w, w_scale)
     a2, s2 = a.reshape(-1, a.shape[-1]), a_scale.reshape(-1, a_scale.shape[-1])
     ap, sa = prepare_act(a2, s2)
@@ -344,5 +335,3 @@ def gemm_fp8_block_deepgemm(a, a_scale, w, w_scale, bias=None, out_dtype=torch.b
         y = (y.to(torch.float32) + (0 if bias is None else bias.to(torch.float32))).to(out_dtype)
     return y.reshape(*a.shape[:-1], dw.n)
 
-
-dispatch.register("gemm_fp8_block", "deepgemm", gemm_fp8_block_deepgemm, available=available_cached, priority=PRIORITY)

@@ -1,30 +1,18 @@
-"""Triton block-scaled FP8 GEMM for small M (decode): stream the weight once at HBM bandwidth.
+"""Triton block-scaled FP8 GEMM for small M (decode): the weight streamed once at HBM bandwidth.
 
-Same function and operands as :mod:`.gemm_block_scaled` (y[M, N] = dequant(A) @ dequant(W).T
-(+ bias), float32 accumulation; A rows carry 1x128 F32 or 1x32 E8M0 scales, W 128x128 F32 tiles
-or 1x32 E8M0), laid out for M <= 64 where the weight read is the whole cost:
+The function and operands of :mod:`.block_scaled` (A rows with 1x128 F32 or 1x32 E8M0 scales; W 128x128 F32 tiles or
+1x32 E8M0), laid out for M <= 64, where reading the weight is the whole cost:
 
-* swap-AB, GEMV-like: program (n, s, m) owns BLOCK_N weight rows (the long side) x BLOCK_M tokens
-  x the s-th slice of K.  Each K step loads a [BLOCK_N, SUB_K] E4M3 weight tile (128-byte rows,
-  16-byte vector loads) and the tiny [BLOCK_M, SUB_K] activation tile, and promotes the
-  product into a float32 [BLOCK_N, BLOCK_M] accumulator times both scales (per 128 columns for
-  FP8-block, per 32 for MXFP8), as the tiled kernel does.
-* ``dot``: the product on the tensor core (fp8 dot, BLOCK_M >= 16); without it the tile is upcast
-  to float32 and reduced with ``tl.sum`` (CUDA cores, meant for M <= 8).
-* ``diag`` (per-32 scales on both sides, MXFP8): one fp8 dot per 128 columns on a block-diagonal
-  activation tile gives the four 32-column products side by side (:func:`_skinny_step_diag`); the
-  token tile then starts at 4 rows, the byte scales are read four to an int32 where rows are aligned,
-  and decoded in three operations (:func:`.triton_numerics.e8m0_decode_lean`).
-* ``upcast`` (power-of-two scales: MXFP8, or 128x128 weights requantized from it): both tiles are
-  multiplied by their scales in bf16, which is exact (:mod:`.gemm_mxfp8`), and one bf16 dot covers
-  128 columns instead of four promoted 32-column ones.
-* split-K sized from the SM count (``waves`` programs per SM), capped so the float32 partial sums
-  move at most as many bytes as the weight; full 128-blocks run unmasked, the partial last one
-  masked.  The reduction is deterministic: the last program of a tile sums the partials in
-  split order (:func:`.gemm_block_scaled.split_reduce`), from a cached :class:`Workspace`.
+* swap-AB, GEMV-like: program (n, s, m) owns BLOCK_N weight rows x BLOCK_M tokens x the s-th slice of K, and promotes
+  each K step's product into a float32 [BLOCK_N, BLOCK_M] accumulator times both scales;
+* ``dot``: the product on the tensor core (BLOCK_M >= 16), else float32 ``tl.sum`` on CUDA cores (M <= 8);
+* ``diag`` (per-32 scales on both sides): one fp8 dot per 128 columns on a block-diagonal activation tile gives the
+  four 32-column products side by side, so the token tile starts at 4 rows;
+* ``upcast`` (power-of-two scales): both tiles times their scales in bf16 (exact), one dot per 128 columns;
+* split-K from the SM count (``waves`` programs per SM), capped so the float32 partials move no more bytes than the
+  weight; the last program of a tile sums them in split order (deterministic) from a :class:`Workspace`.
 
-A launch allocates only its output, makes no host sync and keeps no per-call state: CUDA-graph
-safe after one warm-up call (which compiles and sizes the workspace).
+A launch allocates only its output and keeps no per-call state: CUDA-graph safe after one warm-up call.
 """
 
 from __future__ import annotations
@@ -42,25 +30,27 @@ from ..triton_numerics import cdiv, e8m0_decode, e8m0_decode_lean, next_pow2, ti
 
 @dataclass(frozen=True)
 class SkinnyConfig:
-    """One small-M launch.  ``block_m`` 0: the next power of two >= M (16..128 with ``dot``);
-    ``split_k`` 0: from ``waves`` programs per SM; ``chunk``: K columns per sub-step (at most the
-    scale granularity; smaller keeps the CUDA-core path's [BLOCK_N, BLOCK_M, chunk] product in registers)."""
+    """One small-M launch.  ``block_m`` 0: the next power of two >= M; ``split_k`` 0: from ``waves`` programs
+    per SM; ``chunk``: K columns per sub-step (smaller keeps the CUDA-core product in registers)."""
 
     block_n: int = 64
     block_m: int = 0
     split_k: int = 0
     waves: int = 4
-    min_kb: int = 2  # K-blocks (of 128) per split at least
-    unsplit_kb: int = 0  # auto split-K: K of at most this many 128-blocks is not split (0: no such rule)
+    min_kb: int = 2  # K-blocks per split at least
+    unsplit_kb: int = 0  # a K of at most this many blocks is not split
     dot: bool = True
-    upcast: bool = False  # power-of-two scales only (MX, 128x128 pow2): operands times their scales in bf16 (exact), one dot per 128 columns
+    upcast: bool = False
     chunk: int = 128
-    diag: bool = True  # per-32 scales on both sides (MXFP8), tensor core: one block-diagonal dot per 128 columns (_skinny_step_diag)
+    diag: bool = True
     num_warps: int = 4
     num_stages: int = 4
 
+    def __str__(self) -> str:
+        return self.name()
+
     def name(self) -> str:
-        core = ("tc+up" if self.upcast else "tc") if self.dot else "cc"  # tensor-core dot (bf16 on upcast operands) / CUDA-core reduction
+        core = ("tc+up" if self.upcast else "tc") if self.dot else "cc"
         split = f"s{self.split_k}" if self.split_k else f"waves{self.waves}" + (f"kb{self.min_kb}" if self.min_kb != 2 else "")
         split += f"/whole{self.unsplit_kb}" if self.unsplit_kb and not self.split_k else ""
         dg = "" if self.diag else "/nodiag"
@@ -70,8 +60,7 @@ class SkinnyConfig:
 @triton.jit
 def _upcast_tile(x, s_ptr, rows, row0, kb, n_kcols, stride_r, stride_k, RPS: tl.constexpr, KPS: tl.constexpr, E8M0: tl.constexpr,
                  R: tl.constexpr, BLOCK_K: tl.constexpr, UP_DTYPE: tl.constexpr):  # fmt: skip
-    """E4M3 [R, BLOCK_K] times its power-of-two scales (KPS columns each), in UP_DTYPE: exact
-    (see :mod:`.gemm_mxfp8`), so one dot over BLOCK_K needs no promotion."""
+    """E4M3 [R, BLOCK_K] times its power-of-two scales, in UP_DTYPE: exact, so one dot needs no promotion."""
     G: tl.constexpr = BLOCK_K // KPS
     cols = kb * G + tl.arange(0, G)
     if RPS % R == 0:  # one scale row for the tile: [G]
@@ -91,8 +80,8 @@ def _upcast_tile(x, s_ptr, rows, row0, kb, n_kcols, stride_r, stride_k, RPS: tl.
 
 @triton.jit
 def load_tile(ptrs, k_ok, rows_ok, ROWS_ON_1: tl.constexpr, MASK_K: tl.constexpr, PAD: tl.constexpr):
-    """A weight or activation tile ([K, R] with ROWS_ON_1, else [R, K]): columns past K (MASK_K) and, with PAD, the rows
-    not ``rows_ok`` load as zeros without being read (``rows_ok`` is unused without PAD)."""
+    """A [R, K] tile ([K, R] with ROWS_ON_1); columns past K (MASK_K) and, with PAD, rows not ``rows_ok`` load as
+    zeros without being read."""
     if ROWS_ON_1:
         kmask = k_ok[:, None]
         rmask = rows_ok[None, :]
@@ -116,11 +105,9 @@ def _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb
                  W_RPS: tl.constexpr, W_KPS: tl.constexpr, W_E8M0: tl.constexpr, A_KPS: tl.constexpr, A_E8M0: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, DOT: tl.constexpr, MASKED: tl.constexpr,
                  UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, PAD: tl.constexpr):  # fmt: skip
-    """One BLOCK_K step: BLOCK_K // SUB_K sub-blocks, each product promoted with both scales; with
-    UPCAST one dot over BLOCK_K on operands already multiplied by their scales.  With PAD (M not a
-    multiple of BLOCK_M) the token rows past M (a_ok false) load as zeros without being read: re-reading
-    row M - 1 instead (as the clamped pointers would) has every program ask for the same activation lines
-    at once, and at M = 1 that made the kernel up to 1.44x slower (docs/benchmarks.md, ninth pass)."""
+    """One BLOCK_K step, each SUB_K product promoted with both scales (UPCAST: one dot on scaled operands).  With
+    PAD the token rows past M load as zeros unread: re-reading row M - 1 has every program ask for the same lines at once,
+    up to 1.44x slower at M = 1."""
     W_UNIFORM: tl.constexpr = W_RPS % BLOCK_N == 0
     if UPCAST:
         k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -140,7 +127,7 @@ def _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb
                 a_ptrs = a_ptr + k[:, None] + rows_a[None, :] * sam  # [SUB_K, BM]
             else:
                 a_ptrs = a_ptr + rows_a[:, None] * sam + k[None, :]  # [BM, SUB_K]
-            w = load_tile(w_ptrs, k < K, a_ok, False, MASKED, False)  # every weight row is read (clamped to N - 1)
+            w = load_tile(w_ptrs, k < K, a_ok, False, MASKED, False)  # rows clamped to N - 1
             a = load_tile(a_ptrs, k < K, a_ok, DOT, MASKED, PAD)
             wcol = kb * (BLOCK_K // W_KPS) + (j * SUB_K) // W_KPS
             acol = kb * (BLOCK_K // A_KPS) + (j * SUB_K) // A_KPS
@@ -162,10 +149,8 @@ def _skinny_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb
 @triton.jit
 def diag_act_tile(a_ptr, rows, ok, k, K, s_am, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr,
                   MASKED: tl.constexpr, PAD: tl.constexpr):  # fmt: skip
-    """The block-diagonal activation tile of one BLOCK_K step, E4M3 [BLOCK_K, G * BLOCK_M] (G = BLOCK_K / SUB_K):
-    column g * BLOCK_M + m holds row ``rows[m]``'s columns of sub-block g, zeros elsewhere (masked, so not read);
-    with PAD the rows not ``ok`` are zeros too, with MASKED the columns past K.  A dot of a [R, BLOCK_K] weight
-    tile with it gives the G sub-block products side by side (:func:`diag_promote`)."""
+    """Block-diagonal E4M3 [BLOCK_K, G * BLOCK_M] (G = BLOCK_K / SUB_K): column g * BLOCK_M + m holds token
+    ``rows[m]``'s sub-block g, zeros elsewhere (masked, unread)."""
     G: tl.constexpr = BLOCK_K // SUB_K
     c = tl.arange(0, G * BLOCK_M)
     rows_c = tl.reshape(tl.broadcast_to(rows[None, :], (G, BLOCK_M)), (G * BLOCK_M,))
@@ -180,9 +165,8 @@ def diag_act_tile(a_ptr, rows, ok, k, K, s_am, BLOCK_M: tl.constexpr, BLOCK_K: t
 
 @triton.jit
 def diag_promote(acc, d, ws, sa):
-    """acc [R, BM] += sum over g of d[:, g * BM + m] * ws[:, g] * sa[g, m]: the side-by-side sub-block products
-    of a block-diagonal dot (d [R, G * BM]), promoted with the weight rows' (ws [R, G]) and the tokens' (sa [G, BM])
-    float32 scales.  The sum over g stays within each thread (the accumulator layout holds a row's G blocks)."""
+    """acc [R, BM] += sum over g of d[:, g * BM + m] * ws[:, g] * sa[g, m] (d [R, G * BM], the side-by-side
+    products); the sum over g stays within each thread."""
     R: tl.constexpr = acc.shape[0]
     BM: tl.constexpr = acc.shape[1]
     G: tl.constexpr = ws.shape[1]
@@ -193,21 +177,16 @@ def diag_promote(acc, d, ws, sa):
 def _skinny_step_diag(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, kb, K, WS_COLS, AS_COLS,
                       swn, swsn, swsk, sam, sasm, sask, W_E8M0: tl.constexpr, A_E8M0: tl.constexpr, W_WORDS: tl.constexpr, A_WORDS: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, MASKED: tl.constexpr, PAD: tl.constexpr):  # fmt: skip
-    """One BLOCK_K step with per-SUB_K scales on both sides (MXFP8) in one tensor-core dot: the activation
-    tile is laid out block-diagonally, [BLOCK_K, G * BLOCK_M] with column g * BLOCK_M + m holding token m's
-    columns of sub-block g and zeros elsewhere (masked: not read), so the dot returns the G sub-block products
-    side by side, which are promoted with their scales and summed.  The tensor core does G times the work of
-    the product it needs, and is idle at these M anyway.  Against one promoted dot per sub-block this issues one
-    dot and one wait instead of G, and since the dot's N is G * BLOCK_M the token tile may be 16 / G rows: at
-    M <= 4 a quarter of the promotion work (SASS per step on sm_90: 174 instructions at 4 rows, 305 at 16, 508
-    for four promoted dots at 16)."""
+    """One BLOCK_K step with per-SUB_K scales on both sides in one tensor-core dot on the block-diagonal
+    activation tile: one dot and one wait instead of G, and a token tile of 16 / G rows, so at M <= 4 a quarter of the
+    promotion work; the tensor core does G times the product it needs, and is idle at these M anyway."""
     G: tl.constexpr = BLOCK_K // SUB_K
     k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
     w = load_tile(w_ptr + rows_w[:, None] * swn + k[None, :], k < K, a_ok, False, MASKED, False)  # [BN, BLOCK_K]
     a = diag_act_tile(a_ptr, rows_a, a_ok, k, K, sam, BLOCK_M, BLOCK_K, SUB_K, MASKED, PAD)  # [BLOCK_K, G * BM]
     gi = tl.arange(0, G)
     gcol = kb * G + gi
-    if W_WORDS:  # a row's G = 4 byte scales of this block as one aligned int32 (only where K % 128 == 0: no partial block)
+    if W_WORDS:  # a row's 4 byte scales of this block as one aligned int32
         word = tl.load(ws_ptr.to(tl.pointer_type(tl.int32)) + rows_w * (swsn // 4) + kb)  # [BN]
         ws = (word[:, None] >> (8 * gi)[None, :]) & 0xFF  # [BN, G]
     else:
@@ -230,7 +209,7 @@ def _kernel_step(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, n0, kb
                  BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, DOT: tl.constexpr,
                  MASKED: tl.constexpr, UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr, PAD: tl.constexpr,
                  DIAG: tl.constexpr, W_WORDS: tl.constexpr, A_WORDS: tl.constexpr):  # fmt: skip
-    """One K-block of :func:`_skinny_kernel`: the block-diagonal step (DIAG) or the promoted / upcast one."""
+    """One K-block: the block-diagonal step (DIAG) or the promoted / upcast one."""
     if DIAG:
         return _skinny_step_diag(acc, w_ptr, ws_ptr, a_ptr, as_ptr, rows_w, rows_a, a_ok, kb, K, WS_COLS, AS_COLS,
                                  swn, swsn, swsk, sam, sasm, sask, W_E8M0, A_E8M0, W_WORDS, A_WORDS, BLOCK_M, BLOCK_K, SUB_K, MASKED, PAD)  # fmt: skip
@@ -250,16 +229,16 @@ def _skinny_kernel(
     UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr, PAD: tl.constexpr, DIAG: tl.constexpr,
     W_WORDS: tl.constexpr, A_WORDS: tl.constexpr,
 ):  # fmt: skip
-    """out[M, N] (row stride scm) = A[M, K] @ W[N, K].T per the module docstring; grid (n tiles, splits, m tiles)."""
+    """out[M, N] = A[M, K] @ W[N, K].T; grid (n tiles, splits, m tiles)."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     pid_m = tl.program_id(2)
     n0 = pid_n * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows_w = tl.minimum(offs_n, N - 1)  # out-of-range rows re-read a valid one; never stored
+    rows_w = tl.minimum(offs_n, N - 1)  # never stored
     rows_a = tl.minimum(offs_m, M - 1)
-    a_ok = offs_m < M  # used with PAD only (see _skinny_step): masking full tiles cost up to 1.4x at M = 64
+    a_ok = offs_m < M  # with PAD only: masking full tiles costs up to 1.4x at M = 64
     n_full = K // BLOCK_K
     kb_lo = split * kb_per_split
     kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))
@@ -285,12 +264,12 @@ def _skinny_kernel(
         tl.store(c_ptr + offs_m[None, :] * scm + offs_n[:, None], acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
-MAX_AUTO_BLOCK_M = 128  # larger M runs several token tiles (the weight is then read once per tile)
+MAX_AUTO_BLOCK_M = 128  # larger M: several token tiles, each reading the weight
 
 
 def block_m_for(m: int, cfg: SkinnyConfig, diag_groups: int = 1) -> int:
-    """Token tile: the config's, else the next power of two >= M up to 128; with the tensor core at least 16
-    columns in the dot, which the block-diagonal step (``diag_groups`` sub-blocks side by side) reaches from 16 / G."""
+    """Token tile: the config's, else the next power of two >= M up to 128; a tensor-core dot needs 16 columns,
+    which the block-diagonal step (``diag_groups`` side by side) reaches from 16 / G rows."""
     if cfg.block_m:
         return cfg.block_m
     bm = min(next_pow2(max(m, 1)), MAX_AUTO_BLOCK_M)
@@ -298,10 +277,9 @@ def block_m_for(m: int, cfg: SkinnyConfig, diag_groups: int = 1) -> int:
 
 
 def skinny_split(cfg: SkinnyConfig, tiles: int, k: int, block_m: int, sms: int) -> tuple[int, int]:
-    """(splits, K-blocks per split): ``waves`` programs per SM, >= ``min_kb`` K-blocks per split,
-    and partial sums (splits x BLOCK_M x N float32, written and read) no larger than the weight
-    (N x K bytes); no split at all where K is at most ``unsplit_kb`` blocks (the reduction's fixed
-    cost outweighs what splitting so short a K saves)."""
+    """(splits, K-blocks per split): ``waves`` programs per SM, >= ``min_kb`` blocks each, partials no larger
+    than the weight; no split where K is at most ``unsplit_kb`` blocks (a split-K reduction costs about 2 us a call,
+    more than splitting so short a K saves)."""
     n_kb = cdiv(k, BLOCK_K)
     if cfg.split_k:
         return split_plan(cfg.split_k, n_kb)
@@ -312,14 +290,13 @@ def skinny_split(cfg: SkinnyConfig, tiles: int, k: int, block_m: int, sms: int) 
 
 
 def scale_words_ok(side: Side) -> bool:
-    """U8 scales whose rows can be read four bytes at a time: one per 32 columns, K % 128 == 0 (no partial block,
-    so no word reaches past a row) and every row 4-byte aligned."""
+    """U8 scales readable four bytes at a time: one per 32 columns, K % 128 == 0, rows 4-byte aligned."""
     s = side.s
     return s.dtype == torch.uint8 and side.kps == 32 and s.shape[1] % 4 == 0 and s.stride(1) == 1 and s.stride(0) % 4 == 0 and s.data_ptr() % 4 == 0
 
 
 def skinny_mm(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtype, cfg: SkinnyConfig, workspace: Workspace | None = None) -> torch.Tensor:
-    """[M, K] x [N, K] -> out_dtype [M, N]; ``a`` tokens (one scale row each), ``w`` the weight."""
+    """[M, K] tokens x [N, K] weight -> out_dtype [M, N]."""
     m, k = a.q.shape
     n = w.q.shape[0]
     check_side(a, "activation", k)
@@ -340,7 +317,7 @@ def skinny_mm(a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtyp
     n_tiles, m_tiles = cdiv(n, cfg.block_n), cdiv(m, bm)
     split, per = skinny_split(cfg, n_tiles * m_tiles, k, bm, sm_count(out.device))
     tiles = n_tiles * m_tiles
-    words = [diag and scale_words_ok(t) for t in (w, a)]  # words hold 4 scales: kps 32 = SUB_K, G = 4
+    words = [diag and scale_words_ok(t) for t in (w, a)]
     part, count = (ws.partials(split * tiles * cfg.block_n * bm, out.device), ws.counters(tiles, out.device)) if split > 1 else (out, out)
     _skinny_kernel[(n_tiles, split, m_tiles)](
         w.q, w.s, a.q, a.s, out, bias if bias is not None else out, part, count,

@@ -1,19 +1,13 @@
-"""FP8-block GEMM for large M on Hopper: warp-specialised, persistent, written in Gluon.
+"""FP8-block GEMM on Hopper: warp-specialised, persistent, written in Gluon (:mod:`.wgmma_gluon` has the kernels).
 
-The same op as :mod:`.gemm_block_scaled` (A E4M3 [M, K] with F32 1x128 scales, W E4M3 [N, K]
-with F32 128x128 scales, float32 accumulation promoted per 128-deep K block, DeepSeek-V3's
-rule), built the way DeepGEMM builds it: a TMA warp feeding two 64-row consumer warpgroups that
-hide each block's promotion behind the tensor core's work on the next one
-(:mod:`.gemm_wgmma_gluon` has the kernels and their ordering rules).  Triton's ``tl.dot`` loop
-cannot: it waits for every dot before promoting it, which held the tiled kernel near 0.73x
-cuBLAS (docs/benchmarks.md, "Seventh pass").  Split-K (``split_k``, sized by :func:`splits`)
-reduces deterministically through a :class:`.gemm_block_scaled.Workspace`.
+The same op as :mod:`.block_scaled` (1x128 activation and 128x128 weight F32 scales, float32 accumulation promoted per
+128-deep K block), built as DeepGEMM builds it: a TMA warp feeds two 64-row consumer warpgroups that promote each block
+while the tensor core works on the next (Triton's ``tl.dot`` loop waits for every dot before promoting it).  Split-K
+reduces deterministically through a :class:`.block_scaled.Workspace`.
 
-It runs where :func:`why_not` returns None: compiled NVIDIA sm_90 with a Triton that has Gluon's
-Hopper API (measured on Triton 3.6), 1x128 / 128x128 F32 scales, E4M3 rows 16-byte aligned
-(K % 16 == 0, for TMA), bf16 / fp16 / fp32 output.  Elsewhere :mod:`.gemm_fp8_block`'s table falls
-back to the Triton tiled kernel.  The CPU interpreter cannot run Gluon: CI checks the host rules
-and compiles the kernel for sm_90 (tests/kernels/test_gemm_wgmma.py); the H200 checks the numbers.
+Runs where :func:`why_not` is None: compiled NVIDIA sm_90 with Gluon's Hopper API, E4M3 rows 16-byte aligned (TMA),
+bf16 / fp16 / fp32 output.  The CPU interpreter cannot run Gluon: CI compiles the kernel for sm_90 and checks the host
+rules; the H200 checks the numbers.
 """
 
 from __future__ import annotations
@@ -31,18 +25,14 @@ from ..triton_numerics import cdiv, interpreted
 BLOCK_M = 128  # two consumer warpgroups of 64 rows
 BLOCK_N = 128  # one weight scale per tile column block
 LOADER_REGS = 40  # registers of the TMA warp (setmaxnreg)
-CONSUMER_REGS = 232  # registers of each consumer warpgroup's threads: 8 x 32 x 232 + 4 x 32 x 40 fit the 64K register file
+CONSUMER_REGS = 232  # 8 x 32 x 232 + 4 x 32 x 40 fit the 64K register file
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @dataclass(frozen=True)
 class WgmmaConfig:
-    """One launch of the warp-specialised kernel (128 x ``block_n`` tiles, one program per SM).
-
-    ``stages``: shared-memory ring depth ((128 + block_n) x 128 bytes a stage); ``unroll``: K blocks
-    per group, all but the last promotion of a group overlapped with the tensor core; ``regs``:
-    consumer registers per thread; ``split_k``: K runs per tile (0: :func:`splits` fills the SMs);
-    ``block_n``: 128, 64 or 32 weight rows per tile, or 0 for :func:`pick_block_n`."""
+    """One launch (128 x ``block_n`` tiles, one program per SM); :func:`resolve` fills the 0s (``split_k``:
+    :func:`splits`; ``block_n``: :func:`pick_block_n`)."""
 
     stages: int = 5
     unroll: int = 4
@@ -50,6 +40,9 @@ class WgmmaConfig:
     regs: int = CONSUMER_REGS
     split_k: int = 1
     block_n: int = BLOCK_N
+
+    def __str__(self) -> str:
+        return self.name()
 
     def name(self) -> str:
         bn = "auto" if self.block_n == 0 else str(self.block_n)
@@ -61,9 +54,7 @@ BLOCK_NS = (128, 64, 32)
 
 
 def ring_stages(stages: int, bn: int, out_bytes: int) -> int:
-    """``stages`` where the ring fits beside the two [64, bn] output staging tiles and the barriers,
-    else the deepest ring that fits with 4 KiB to spare (5 / 8 / 10 stages at BN = 128 / 64 / 32,
-    bf16 out): a picked BN keeps the row's depth only where it fits."""
+    """``stages`` where the ring fits beside the two [64, bn] output staging tiles, else the deepest that fits."""
     staging, per = 2 * (BLOCK_M // 2) * bn * out_bytes, (BLOCK_M + bn) * BLOCK_K
     if staging + stages * per + 1024 <= SM90_SMEM:
         return stages
@@ -71,19 +62,16 @@ def ring_stages(stages: int, bn: int, out_bytes: int) -> int:
 
 
 def pick_block_n(m: int, n: int, sms: int) -> int:
-    """DeepGEMM's rule over :data:`BLOCK_NS`: the fewest waves of tiles over the SMs, then the fullest
-    last wave, then the wider tile -- so few row blocks take narrow tiles that reach every SM
-    (M = 64, N = 4096: 32 tiles of 128 columns, 128 of 32) and many keep 128."""
+    """DeepGEMM's rule: the fewest waves of tiles over the SMs, then the fullest last wave, then the wider tile."""
     return min(BLOCK_NS, key=lambda bn: (*wave_key(cdiv(m, BLOCK_M) * cdiv(n, bn), sms), -bn))
 
 
-MIN_SPLIT_BLOCKS = 28  # 128-deep K blocks per split at the least (thirteenth pass: shorter splits lost to one per tile)
+MIN_SPLIT_BLOCKS = 28  # K blocks per run at the least: shorter runs lose to one run per tile
 
 
 def splits(m: int, n: int, k: int, cfg: WgmmaConfig, sms: int) -> tuple[int, int]:
-    """(K runs per tile, K blocks per run), every run non-empty.  ``split_k`` 0: as many runs as fill
-    the SMs once with work units (tiles x runs <= sms), each of at least MIN_SPLIT_BLOCKS -- so a
-    long K (>= 7168) on few tiles, e.g. DeepSeek-V3 o (7168 x 16384) at M = 65-128: 56 tiles, 2 runs."""
+    """(K runs per tile, K blocks per run), none empty; ``split_k`` 0: as many runs as fill the SMs once, each of
+    at least MIN_SPLIT_BLOCKS."""
     n_k = cdiv(k, BLOCK_K)
     want = cfg.split_k
     if want == 0:
@@ -93,9 +81,15 @@ def splits(m: int, n: int, k: int, cfg: WgmmaConfig, sms: int) -> tuple[int, int
     return cdiv(n_k, kper), kper
 
 
+def resolve(cfg: WgmmaConfig, m: int, n: int, k: int, sms: int, out_bytes: int) -> WgmmaConfig:
+    """The launch ``cfg`` makes for this shape: its tile width, ring depth and K runs, picked where it leaves them 0."""
+    cfg = replace(cfg, block_n=cfg.block_n or pick_block_n(m, n, sms))
+    return replace(cfg, stages=ring_stages(cfg.stages, cfg.block_n, out_bytes), split_k=splits(m, n, k, cfg, sms)[0])
+
+
 @functools.cache
 def kernels() -> ModuleType:
-    """The Gluon kernel module, imported on first use (it needs Gluon's Hopper API)."""
+    """The Gluon kernels, imported on first use (they need Gluon's Hopper API)."""
     from . import wgmma_gluon as gemm_wgmma_gluon
 
     return gemm_wgmma_gluon
@@ -103,7 +97,7 @@ def kernels() -> ModuleType:
 
 @functools.cache
 def moe_kernels() -> ModuleType:
-    """The fused MoE's Gluon kernels (:mod:`.gemm_wgmma_moe_gluon`), imported on first use."""
+    """The fused MoE's Gluon kernels, imported on first use."""
     from ..moe import wgmma_gluon as gemm_wgmma_moe_gluon
 
     return gemm_wgmma_moe_gluon
@@ -119,7 +113,6 @@ def gluon_missing() -> str | None:
 
 
 def wgmma_available(device: torch.device) -> Availability:
-    """Where the kernel can run at all: compiled, NVIDIA sm_90, Gluon importable."""
     if interpreted():
         return Availability(False, reason="Gluon kernels do not run in Triton's CPU interpreter")
     if device.type != "cuda" or torch.version.hip is not None:
@@ -155,7 +148,7 @@ def _layout(rows: int, cols: int, dtype: torch.dtype):
 
 
 def descriptor(t: torch.Tensor, rows: int, cols: int):
-    """Gluon TMA descriptor of a 2-D tensor (last dim contiguous) in [rows, cols] boxes, NVMMA-swizzled."""
+    """Gluon TMA descriptor of a 2-D tensor in [rows, cols] boxes, NVMMA-swizzled."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], [rows, cols], _layout(rows, cols, t.dtype))
@@ -165,9 +158,8 @@ def wgmma_mm(
     a: Side, w: Side, bias: torch.Tensor | None, out_dtype: torch.dtype, cfg: WgmmaConfig, checked: bool = False,
     workspace: Workspace | None = None,
 ) -> torch.Tensor:
-    """[M, K] x [N, K] -> out_dtype [M, N] (+ bias [N]); raises where :func:`why_not` names a rule
-    (``checked``: the caller's table choice has just asked it).  Split-K partials and arrival
-    counters come from ``workspace`` (default :data:`.gemm_block_scaled.WORKSPACE`)."""
+    """[M, K] x [N, K] -> out_dtype [M, N] (+ bias [N]); raises where :func:`why_not` names a rule (``checked``: the
+    selection has asked it)."""
     m, k = a.q.shape
     n = w.q.shape[0]
     check_side(a, "activation", k)
@@ -181,7 +173,8 @@ def wgmma_mm(
         return out
     tma_store = (n * out.element_size()) % 16 == 0  # else masked stores: TMA needs 16-byte aligned output rows
     sms = sm_count(out.device)
-    cfg = replace(cfg, block_n=cfg.block_n or pick_block_n(m, n, sms))  # picked once: splits() sees the same tiles
+    if cfg.block_n == 0 or cfg.split_k == 0:
+        cfg = resolve(cfg, m, n, k, sms, out.element_size())
     bn = cfg.block_n
     assert bn in BLOCK_NS, f"block_n must be one of {BLOCK_NS} (or 0: picked), got {bn}"
     stages = ring_stages(cfg.stages, bn, out.element_size())
@@ -189,7 +182,7 @@ def wgmma_mm(
     tiles = cdiv(m, BLOCK_M) * cdiv(n, bn)
     n_split, kper = splits(m, n, k, cfg, sms)
     part = count = out
-    if n_split > 1:  # [n_split, tiles, 2 halves, 64 x bn] float32 partials, one counter per half tile
+    if n_split > 1:  # float32 [n_split, tiles, 2 halves, 64 x bn], one counter per half tile
         ws = workspace or WORKSPACE
         part = ws.partials(n_split * tiles * BLOCK_M * bn, out.device)
         count = ws.counters(tiles * 2, out.device)

@@ -1,29 +1,16 @@
-"""Gluon kernels of :mod:`.gemm_wgmma` (sm_90 only; imported on first use): the FP8-block GEMM
-(:func:`fp8_block_gemm_ws`), and the pipeline pieces (tile order, wgmma issue, the promoting K loop)
-that the fused MoE's grouped GEMMs in :mod:`.gemm_wgmma_moe_gluon` share.
+"""Gluon kernels of :mod:`.wgmma` (sm_90; imported on first use): the FP8-block GEMM :func:`fp8_block_gemm_ws` and the
+pipeline pieces the fused MoE's grouped GEMMs share.
 
-One program per SM loops over 128xBN output tiles (BN 128, or 64 / 32 where few tiles would leave SMs idle)
-in grouped order, split three ways
-(``gl.warp_specialize``):
+One program per SM loops over 128 x BN output tiles in grouped order, warp-specialised: a TMA warp streams activation and
+weight tiles into a ring of STAGES shared-memory stages (``ready`` / ``empty`` mbarriers); two 64-row consumer
+warpgroups issue ``wgmma`` per 128-deep K block into a fresh float32 tile and promote it into their accumulator times the
+block's scales, then store their half tile (TMA store, or masked stores).  SPLIT_K cuts a tile's K blocks into runs
+reduced in run order by the last to arrive.
 
-* one TMA warp streams [128, 128] activation and [BN, 128] weight tiles (E4M3) into a ring of
-  STAGES shared-memory stages (``ready`` / ``empty`` mbarriers), running ahead across tiles;
-* two consumer warpgroups, 64 rows each, issue ``wgmma`` for every 128-deep K block into a fresh
-  float32 register tile and promote it into their accumulator times the block's activation-row
-  and weight scales (DeepSeek's per-128 promotion);
-* each consumer writes its half tile through shared memory with a TMA store (out-of-range rows
-  and columns are clipped), or with masked stores where TMA cannot take the output.
-
-With SPLIT_K each tile's K blocks are cut into SPLITS runs, one work unit each: a consumer stores
-its float32 half-tile partial and the last of the tile's runs to arrive sums them in run order
-(:func:`_split_reduce`) -- for few tiles on a long K, where one run per tile leaves SMs idle.
-
-The promotion of block k runs on the CUDA cores while the tensor core works on block k + 1:
-blocks are issued in groups of UNROLL, each ``wgmma_wait(1)`` retiring the older one.  Nothing
-is left in flight across a loop's back edge: a loop-carried ``wgmma`` result makes ptxas
-serialise every ``wgmma`` of the kernel (its C7514 warning), and the waits take the accumulator
-as a dependency so that ptxas cannot sink the promotion past the next wait.  The scales of the
-next UNROLL blocks are loaded one group ahead, so no promotion waits on a global load.
+The promotion of block k runs on the CUDA cores while the tensor core works on block k + 1 (groups of UNROLL, each
+``wgmma_wait(1)`` retiring the older).  Nothing stays in flight across a loop's back edge: a loop-carried ``wgmma``
+result makes ptxas serialise every ``wgmma`` (warning C7514); the waits take the accumulator as a dependency so ptxas
+cannot sink the promotion past the next wait.  Scales are loaded one group ahead.
 """
 
 from __future__ import annotations
@@ -33,10 +20,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 BK_SCALE: gl.constexpr = gl.constexpr(128)  # columns (and weight rows) per scale
-# Triton after 3.6 renamed the TMA copies (the old names raise)
+# the names of Triton 3.6 and of later releases
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed after 3.6 too
+_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 
 @gluon.jit
@@ -57,9 +44,8 @@ def _column(x, j: gl.constexpr, kcol):
 @gluon.jit
 def _issue(a_smem, w_smem, ready, c, zero, HALF: gl.constexpr, HM: gl.constexpr, STAGES: gl.constexpr, HALVES: gl.constexpr,
            SPLIT_N: gl.constexpr):  # fmt: skip
-    """Wait for the c-th stage fill, then start this warpgroup's wgmma(s) on it (async, fresh accumulators): its HM rows
-    (SPLIT_N: all rows, and its own 128 of the stage's 256 weight rows) against 128 weight rows, or (HALVES) one wgmma per
-    64-row gate / up piece."""
+    """Wait for the c-th stage, then start this warpgroup's async wgmma(s) on it: its HM rows (SPLIT_N: all rows
+    against its own 128 of 256 weight rows), or (HALVES) one per 64-row gate / up piece."""
     s = c % STAGES
     mbarrier.wait(ready.index(s), (c // STAGES) & 1)
     if SPLIT_N:
@@ -73,7 +59,7 @@ def _issue(a_smem, w_smem, ready, c, zero, HALF: gl.constexpr, HM: gl.constexpr,
         d_u = warpgroup_mma(a, w_smem.index(s).slice(wb + 64, 64).permute((1, 0)), zero, use_acc=False, is_async=True)
         return d_g, d_u
     else:
-        WN: gl.constexpr = zero.shape[1]  # weight rows per wgmma: the tile's BN
+        WN: gl.constexpr = zero.shape[1]
         d = warpgroup_mma(a, w_smem.index(s).slice(wb, WN).permute((1, 0)), zero, use_acc=False, is_async=True)
         return d, d
 
@@ -82,11 +68,9 @@ def _issue(a_smem, w_smem, ready, c, zero, HALF: gl.constexpr, HM: gl.constexpr,
 def _k_loop(a_smem, w_smem, ready, empty, acc_g, acc_u, zero, c, n_k, kmax, kcol, a_sc, sask, wg_sc, wu_sc, swsk,
             HALF: gl.constexpr, HM: gl.constexpr, STAGES: gl.constexpr, UNROLL: gl.constexpr, HALVES: gl.constexpr,
             SPLIT_N: gl.constexpr):  # fmt: skip
-    """One tile's K blocks from ring position c: promote each block's product times its activation-row scales (a_sc +
-    k * sask) and weight scale (wg_sc + k * swsk; HALVES: the up piece's wu_sc into acc_u) into the accumulators, the
-    promotion of each but the last block of a group overlapping the next block's wgmma (module docstring).  Returns
-    (acc_g, acc_u, c)."""
-    NW: gl.constexpr = 2 if HALVES else 1  # wgmma groups per block
+    """One tile's K blocks from ring position c, each promoted times its activation-row scales (a_sc + k * sask) and
+    weight scale (wg_sc + k * swsk; HALVES: wu_sc into acc_u), overlapping the next block's wgmma.  (acc_g, acc_u, c)."""
+    NW: gl.constexpr = 2 if HALVES else 1
     n_main = n_k - n_k % UNROLL
     kn = gl.minimum(kcol, kmax)
     sa = gl.load(a_sc[:, None] + kn[None, :] * sask)
@@ -94,7 +78,7 @@ def _k_loop(a_smem, w_smem, ready, empty, acc_g, acc_u, zero, c, n_k, kmax, kcol
     if HALVES:
         scu = sa * gl.load(wu_sc + kn * swsk)[None, :]
     for k0 in range(0, n_main, UNROLL):
-        kn = gl.minimum(k0 + UNROLL + kcol, kmax)  # the next group's scales, loaded now
+        kn = gl.minimum(k0 + UNROLL + kcol, kmax)  # the next group's scales
         sa_n = gl.load(a_sc[:, None] + kn[None, :] * sask)
         swg_n = gl.load(wg_sc + kn * swsk)
         if HALVES:
@@ -122,7 +106,7 @@ def _k_loop(a_smem, w_smem, ready, empty, acc_g, acc_u, zero, c, n_k, kmax, kcol
         if HALVES:
             scu = sa_n * swu_n[None, :]
         c += UNROLL
-    for k in range(n_main, n_k):  # the last n_k % UNROLL blocks, one at a time
+    for k in range(n_main, n_k):
         dg_p, du_p = _issue(a_smem, w_smem, ready, c, zero, HALF, HM, STAGES, HALVES, SPLIT_N)
         sa_k = gl.load(a_sc + k * sask)
         scg_k = sa_k * gl.load(wg_sc + k * swsk)
@@ -140,8 +124,7 @@ def _k_loop(a_smem, w_smem, ready, empty, acc_g, acc_u, zero, c, n_k, kmax, kcol
 
 @gluon.jit
 def _unit(t, n_m, n_n, n_k, SPLITS, KPER, GROUP: gl.constexpr):
-    """Work unit t: (tile, pm, pn, first K block, K blocks), split ``t % SPLITS`` of tile ``t // SPLITS`` (consecutive
-    programs take the splits of one tile)."""
+    """Work unit t: (tile, pm, pn, first K block, K blocks); consecutive units are one tile's splits."""
     tile = t // SPLITS
     pm, pn = _tile(tile, n_m, n_n, GROUP)
     kb0 = (t % SPLITS) * KPER
@@ -184,10 +167,7 @@ def _loader(
 
 @gluon.jit
 def _split_reduce(acc, part_ptr, count_ptr, slot, n_slots, split, SPLITS):
-    """Deterministic split-K across programs (CUTLASS's semaphore pattern, as
-    :func:`.gemm_block_scaled.split_reduce_pair`): store this split's half-tile partial at part[split, slot], and the last
-    of the SPLITS programs to arrive at ``slot`` (an acq_rel counter) sums all partials in split order and zeroes the
-    counter for the next launch.  Returns (is_last, sum)."""
+    """Deterministic split-K as :func:`.block_scaled.split_reduce_pair`, per half tile: (is_last, sum)."""
     lay: gl.constexpr = acc.type.layout
     HM: gl.constexpr = acc.shape[0]
     BN: gl.constexpr = acc.shape[1]
@@ -195,7 +175,7 @@ def _split_reduce(acc, part_ptr, count_ptr, slot, n_slots, split, SPLITS):
     base = part_ptr + slot.to(gl.int64) * (HM * BN)
     stride = n_slots.to(gl.int64) * (HM * BN)
     gl.store(base + split * stride + loc, acc)
-    _barrier()  # every thread's partial is written before the counter is released
+    _barrier()  # every partial is written before the counter is released
     arrived = gl.atomic_add(count_ptr + slot, 1, sem="acq_rel")
     last = arrived == SPLITS - 1
     total = gl.zeros([HM, BN], gl.float32, lay)
@@ -209,13 +189,13 @@ def _split_reduce(acc, part_ptr, count_ptr, slot, n_slots, split, SPLITS):
 @gluon.jit
 def _store_tile(acc, bias_ptr, c_ptr, c_desc, c_smem, M, N, scm, row0, pn, HM: gl.constexpr, BN: gl.constexpr, HAS_BIAS: gl.constexpr,
                 TMA_STORE: gl.constexpr):  # fmt: skip
-    """Bias, then one warpgroup's [HM, BN] half tile to the output: TMA store through shared memory, or masked stores."""
+    """Bias, then one warpgroup's [HM, BN] half tile out: TMA store through shared memory, or masked stores."""
     lay: gl.constexpr = acc.type.layout
     cols = pn * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, lay))
     if HAS_BIAS:
         acc += gl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
     if TMA_STORE:
-        tma.store_wait(0)  # this warpgroup's previous tile has left shared memory
+        tma.store_wait(0)  # the previous tile has left shared memory
         c_smem.store(acc.to(c_desc.dtype))
         fence_async_shared()
         _tma_store(c_desc, [row0, pn * BN], c_smem)
@@ -272,12 +252,12 @@ def _consumer(
         tile, pm, pn, kb0, nb = _unit(t, n_m, n_n, n_k, SPLITS, KPER, GROUP)
         row0 = pm * BM + HALF * HM
         a_sc = as_ptr + gl.minimum(row0 + gl.arange(0, HM, layout=row_l), M - 1) * sasm + kb0 * sask
-        w_sc = ws_ptr + ((pn * BN) // BK_SCALE) * swsn + kb0 * swsk  # BN divides 128: one weight scale per K block
+        w_sc = ws_ptr + ((pn * BN) // BK_SCALE) * swsn + kb0 * swsk  # BN divides 128
         acc = gl.zeros([HM, BN], gl.float32, mma)
         acc, _, c = _k_loop(a_smem, w_smem, ready, empty, acc, acc, zero, c, nb, nb - 1, kcol, a_sc, sask, w_sc, w_sc, swsk,
                             HALF, HM, STAGES, UNROLL, False, False)  # fmt: skip
         if SPLIT_K:
-            if row0 < M:  # a half tile wholly past M has nothing to add (its counter is never touched)
+            if row0 < M:  # a half tile past M has nothing to add
                 last, total = _split_reduce(acc, part_ptr, count_ptr, tile * 2 + HALF, n_m * n_n * 2, t % SPLITS, SPLITS)
                 if last:
                     _store_tile(total, bias_ptr, c_ptr, c_desc, c_smem, M, N, scm, row0, pn, HM, BN, HAS_BIAS, TMA_STORE)
@@ -320,8 +300,8 @@ def fp8_block_gemm_ws(
     TMA_STORE: gl.constexpr,
     SPLIT_K: gl.constexpr,
 ):
-    """SPLIT_K: each 128x128 tile's K blocks are cut into SPLITS runs of KPER (the last may be shorter, none empty), one
-    work unit each, reduced through ``part_ptr`` / ``count_ptr`` (:func:`_split_reduce`); else SPLITS must be 1."""
+    """SPLIT_K: SPLITS runs of KPER K blocks per tile (none empty), reduced through ``part_ptr`` / ``count_ptr``;
+    else SPLITS is 1."""
     a_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, BK], a_desc.layout)
     w_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, BK], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())

@@ -1,34 +1,9 @@
-"""Triton MLA decode: split-KV flash-decoding over the paged latent cache (weight-absorbed MLA).
-
-Computes :func:`.mla.mla_decode` (layouts and numerics there): q_lat [B, H, rank], q_rot [B, H, rope]
-against the cached latents kv [slots, rank] and rotated keys k_rot [slots, rope] -> o_lat [B, H, rank].
-
-All heads of a sequence share one latent per token, so the latent is the key (with k_rot) and
-the value at once: one program per (head block, sequence, kv split) loads a BLOCK_N-token chunk
-of latents [BLOCK_N, rank] (gathered through the block table) once and uses it for BLOCK_H heads
-in both dots, s = q_lat [BLOCK_H, rank] x c^T [rank, BLOCK_N] + q_rot x k_rot^T, and
-acc += p [BLOCK_H, BLOCK_N] x c [BLOCK_N, rank] (FlashMLA, FlashInfer and SGLang's grouped decode
-do the same).  The head blocks of one chunk are adjacent in the grid (axis 0), so the chunk is
-read from HBM about once and from L2 by the other head blocks.  Online softmax in base 2 (the
-scale folded into log2 e), float32 scores and accumulators.
-
-Flash-decoding (Dao et al. 2023): with several splits each writes its normalised partial
-o = acc / l and lse = m + log2 l (float32), and the sink-attention decode's merge kernel
-(:func:`.attention_triton_decode.merge_splits`, no sink) combines them:
-with M = max_s lse_s, out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M).  With one split
-(large batches) the kernel writes the output directly.  The split count depends only on shapes
-(B, H, block table width), never on the context lengths' values, so a decode step can be
-captured in a CUDA graph.
-
-DeepSeek-V3 size: rank 512, rope 64, H 128 (per tensor-parallel rank H / tp).  Default tiles
-BLOCK_H 16, BLOCK_N 32: the accumulator [16, 512] float32 and one [32, 512] bf16 latent chunk
-per pipeline stage; :class:`MLAConfig` keeps them parametrised (scripts/bench_mla.py sweeps
-them).  In Triton's CPU interpreter dot operands are cast to float32 (see :mod:`.attention_triton`).
+"""Triton MLA decode (:mod:`.mla_ref`): split-KV flash-decoding over the paged latents.  One program per (head block,
+sequence, split) loads a latent chunk once for BLOCK_H heads, as key and value; the head blocks of a chunk are
+adjacent in the grid, so it comes from HBM about once.  Splits merge as :func:`..attention.decode.merge_splits`.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -36,27 +11,11 @@ import triton.language as tl
 
 from .. import dispatch
 from ..attention.prefill import LOG2E, check_operands, dot_dtype, paged_rows, pow2, softmax_step
-from ..attention.decode import merge_splits, num_splits, split_range, write_split
+from ..attention.decode import merge_splits, split_range, write_split
+from . import select
 from .mla_ref import check_mla
+from .tables import MLAConfig
 from ..triton_numerics import PRIORITY, available, cdiv, interpreted
-
-
-@dataclass(frozen=True)
-class MLAConfig:
-    """Default: the fastest of scripts/bench_mla.py's sweep on the H200 at DeepSeek-V3 size (B=128,
-    ctx 16384: 64/64/8 2.58 ms, 16/32/4 6.30 ms; it spills some registers, and still wins)."""
-
-    block_h: int = 64  # heads per program (the M of both dots; >= 16 for tensor cores)
-    block_n: int = 64  # tokens per latent chunk
-    num_warps: int = 8
-    num_stages: int = 2
-    num_splits: int = 0  # 0: chosen from the SM count and the shapes
-
-    def name(self) -> str:
-        return f"h{self.block_h}/n{self.block_n}/w{self.num_warps}/st{self.num_stages}/s{self.num_splits or 'auto'}"
-
-
-INTERPRETER_MLA = MLAConfig(16, 16, 1, 1)
 
 
 @triton.jit
@@ -94,8 +53,8 @@ def _mla_split_kernel(QL, QR, KV, KR, BT, CTX, O, OP, LSE,
         kr = tl.load(KR + rows[:, None] * skr_t + offs_p[None, :], mask=n_ok[:, None] & p_ok[None, :], other=0.0).to(DOT)  # [BN, BP]
         qk = tl.dot(ql, tl.trans(c), input_precision=PRECISION)
         qk = tl.dot(qr, tl.trans(kr), qk, input_precision=PRECISION) * qk_scale  # [BH, BN] log2 units
-        qk = tl.where(n_ok[None, :], qk, float("-inf"))  # offs_n[0] < hi: every row keeps a finite max
-        acc, l_i, m_i = softmax_step(qk, c, acc, l_i, m_i, False, DOT, PRECISION)  # the latent chunk is also the value
+        qk = tl.where(n_ok[None, :], qk, float("-inf"))
+        acc, l_i, m_i = softmax_step(qk, c, acc, l_i, m_i, False, DOT, PRECISION)
     write_split(acc, m_i, l_i, O + b64 * so_b + heads[:, None] * so_h + offs_r[None, :],
                 OP + b64 * sop_b + heads[:, None] * sop_h + split * sop_s + offs_r[None, :],
                 LSE + b64 * sl_b + heads * sl_h + split, h_ok[:, None] & r_ok[None, :], h_ok, FINAL)
@@ -120,19 +79,20 @@ def mla_decode(
     *,
     config: MLAConfig | None = None,
 ) -> torch.Tensor:
-    """Weight-absorbed MLA decode (see :func:`.mla.mla_decode`) -> o_lat [B, H, rank] in q_lat's dtype."""
-    cfg = config or (INTERPRETER_MLA if interpreted() else MLAConfig())
+    """-> o_lat [B, H, rank]; ``config`` None: the selection's."""
+    cfg = config
+    if cfg is None or not cfg.num_splits:
+        cfg = select.choose(q_lat, q_rot, kv, k_rot, block_tables, context_lens, block_size, scale, backend="triton", triton=TRITON,
+                            config=cfg).config
     _check(q_lat, q_rot, kv, k_rot, block_tables, context_lens, block_size, cfg)
     b, h, rank = q_lat.shape
     rope, dev = q_rot.shape[2], q_lat.device
     out = torch.empty(b, h, rank, dtype=q_lat.dtype, device=dev)  # [B, H, rank]
     if b == 0:
         return out
-    head_blocks = cdiv(h, cfg.block_h)
-    splits = cfg.num_splits or num_splits(b, head_blocks, block_tables.shape[1] * block_size, cfg.block_n, dev)
+    head_blocks, splits = cdiv(h, cfg.block_h), cfg.num_splits
     dot, precision = dot_dtype(q_lat.dtype)
     final = splits == 1
-    # per-split o = acc / l and log2-sum-exp2; a single split writes the output directly
     part = out if final else torch.empty(b, h, splits, rank, dtype=torch.float32, device=dev)  # [B, H, S, rank]
     lse = out if final else torch.empty(b, h, splits, dtype=torch.float32, device=dev)  # [B, H, S]
     _mla_split_kernel[(head_blocks, b, splits)](
@@ -142,10 +102,12 @@ def mla_decode(
         scale * LOG2E, block_size, splits, h,
         RANK=rank, ROPE=rope, BLOCK_R=pow2(rank), BLOCK_P=pow2(rope), BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
         FINAL=final, DOT=dot, PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    )
     if not final:
         merge_splits(part, lse, out)
     return out
 
 
-dispatch.register("mla_decode", "triton", mla_decode, available=available, priority=PRIORITY)
+TRITON = "interpreter" if interpreted() else "compiled"
+select.register("triton", mla_decode, TRITON, available=available, priority=PRIORITY)
+dispatch.register_map("mla_decode", select.mla_map)

@@ -1,7 +1,5 @@
-"""Triton helpers shared by both fused-MoE kernels (:mod:`.fused_moe`, gathered rows, and
-:mod:`.fused_moe_sorted`, expert-sorted rows): the scaled product step, the bias and the
-activation epilogue with every torch op's x.dtype rounding reproduced
-(:func:`.triton_numerics.bf16_round`)."""
+"""Triton helpers of both row layouts (:mod:`.fused_moe`, :mod:`.sorted_tokens`): the scaled product step, the bias
+and the activation epilogue, each torch op's x.dtype rounding reproduced."""
 
 from __future__ import annotations
 
@@ -10,17 +8,14 @@ import triton.language as tl
 
 from ..triton_numerics import bf16_round
 
-# The largest float32 whose exp is finite (0x42B17217): exp of the next one overflows to +inf in numpy's float32 exp (the
-# CPU interpreter), torch's, and the GPU's ex2.approx(a * log2(e)), whose product rounds to 128.0 there and not below.
+# The largest float32 whose exp is finite (0x42B17217) in numpy (the interpreter), torch and the GPU's ex2.approx.
 EXP_ARG_MAX: tl.constexpr = tl.constexpr(88.72283172607421875)
 
 
 @triton.jit
 def one_plus_exp(a):
-    """float32 1 + exp(a): +inf for a > EXP_ARG_MAX, as the overflowing exp gave, without computing the overflow (the
-    CPU interpreter's numpy warned "overflow encountered in exp" for every silu gate below -88.72, GPT-OSS gate below
-    -88.72 / alpha); every other a, NaN included, gets the same exp as before.  1 / inf = 0 and g / inf = -0 are then
-    torch's float32 sigmoid and silu there (its exp overflows alike)."""
+    """float32 1 + exp(a), +inf past EXP_ARG_MAX without computing the overflow (numpy warns of it): 1 / inf = 0 and
+    g / inf = -0 are torch's sigmoid and silu there."""
     big = a > EXP_ARG_MAX
     return tl.where(big, float("inf"), 1.0 + tl.exp(tl.where(big, 0.0, a)))
 
@@ -46,8 +41,8 @@ def add_bias(acc, bias_ptr, rows, col_ok, HAS_BIAS: tl.constexpr):
 
 @triton.jit
 def moe_mma(acc, a, w, sa, sw, W_UNIFORM: tl.constexpr, UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr):
-    """acc += (a * sa) @ (w * sw), a [BM, K] with row scales, w [K, BN] with one scale (W_UNIFORM) or
-    one per column: promoted fp8 dot, or exact upcast operands (power-of-two scales)."""
+    """acc += (a * sa) @ (w * sw), a [BM, K] with row scales, w [K, BN] with one scale (W_UNIFORM) or one per column:
+    promoted fp8 dot, or exact upcast operands (power-of-two scales)."""
     if UPCAST:
         ab = (a.to(tl.float32) * sa[:, None]).to(UP_DTYPE)
         if W_UNIFORM:

@@ -1,24 +1,17 @@
-"""The ``fused_moe`` op: its argument types and its torch reference (a per-expert loop on the
-:mod:`quantkit.formats` references), which the Triton backend in :mod:`.fused_moe` reproduces.
+"""The ``fused_moe`` op's argument types and torch reference (a per-expert loop on :mod:`quantkit.formats`).
 
     out = fused_moe(x, topk_weights, topk_ids, w13, w2, spec)
 
-* x [T, H] (bf16 or f32); topk_weights float32 [T, k]; topk_ids integer [T, k] in [0, E).
-* ``w13`` gate_up experts [E, 2I, H], ``w2`` down experts [E, H, I], each an
-  :class:`ExpertWeights`: ``fp8-block`` = E4M3 + F32 scale_inv [E, ceil(N/128), ceil(K/128)]
-  (DeepSeek 128x128 tiles), ``mxfp8`` = E4M3 + U8 E8M0 [E, N, K/32]; optional bias [E, N].
-  Gate and up rows are INTERLEAVED for GPT-OSS (row 2j gate, 2j+1 up; docs/formats.md) or
-  CONCATENATED [gate | up] for per-expert families stacked at load (:func:`stack_gate_up`).
-* :class:`MoeSpec`: the activation (``silu``: silu(g) * u; ``gpt-oss``: g = min(g, limit),
-  u = clamp(u, -limit, limit), (u + 1) * g * sigmoid(alpha * g)) and the dynamic activation
-  quantization: 1x128 E4M3 with F32 or UE8M0 scales for fp8-block experts (DeepSeek act_quant),
-  1x32 E4M3 + E8M0 for mxfp8 experts.
+* x [T, H] bf16 or f32; topk_weights float32 [T, k]; topk_ids integer [T, k] in [0, E).
+* ``w13`` gate_up [E, 2I, H], ``w2`` down [E, H, I] (:class:`ExpertWeights`): ``fp8-block`` E4M3 + F32 scales
+  [E, ceil(N/128), ceil(K/128)], ``mxfp8`` E4M3 + E8M0 [E, N, K/32]; optional bias [E, N].  Gate and up rows are
+  interleaved (GPT-OSS: 2j gate, 2j+1 up) or concatenated [gate | up] (:func:`stack_gate_up`).
+* :class:`MoeSpec`: the activation (``silu``: silu(g) * u; ``gpt-oss``: (clamp(u, +-limit) + 1) * g *
+  sigmoid(alpha * g), g <= limit) and the activation quantization (1x128 E4M3 with F32 or UE8M0 scales, or 1x32 MX).
 
-Numerics (the engine's ``Experts`` with quantized linears, quantkit/engine/qlinear.py, step for
-step): each token is quantized and dequantized once; per expert, h = act(x_dq @ W13.T + b13)
-with the projection rounded to x.dtype and the activation computed in x.dtype ops; h is
-quantized the same way; y = (h_dq @ W2.T + b2) rounded to x.dtype; out = sum over the token's
-experts (ascending expert id) of float32(y) * weight, in float32, rounded to x.dtype.
+Numerics, the engine's ``Experts`` step for step: x is quantized and dequantized once per token; per expert
+h = act(x_dq @ W13.T + b13), projection and activation in x.dtype; y = (quant_dequant(h) @ W2.T + b2) in x.dtype;
+out = sum over the token's experts (ascending id) of float32(y) * weight, rounded to x.dtype.
 """
 
 from __future__ import annotations
@@ -90,10 +83,7 @@ class MoeSpec:
 
 
 def stack_gate_up(gate: ExpertWeights, up: ExpertWeights) -> ExpertWeights:
-    """Per-expert gate and up [E, I, H] -> [E, 2I, H] = [gate | up] (scales and biases alike).
-
-    FP8-block tiles must not straddle the seam: I % 128 == 0 (true for DeepSeek-V3 2048 and
-    Qwen3-MoE 768 / 1536); MX scales are per row, so any I works."""
+    """Gate and up [E, I, H] -> [E, 2I, H] = [gate | up], scales and biases alike; FP8-block needs I % 128 == 0."""
     if gate.fmt != up.fmt or gate.shape != up.shape or (gate.bias is None) != (up.bias is None):
         raise ValueError(f"gate {gate.fmt}{gate.shape} and up {up.fmt}{up.shape} experts differ")
     if gate.fmt == "fp8-block" and gate.shape[1] % fp8_block.BLOCK:
@@ -157,9 +147,8 @@ def dequant_input(x_q: tuple[torch.Tensor, torch.Tensor], fmt: str) -> torch.Ten
 
 def fused_moe_ref(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights,
                   spec: MoeSpec, *, x_q: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
-    """Per-expert loop (host-synchronising: torch.unique / where); see the module docstring.  ``x_q``: x
-    already quantized by the op's rule (E4M3 [T, H] + scales), as an expert-parallel dispatch delivers it;
-    x then gives only the shape and the output dtype."""
+    """Per-expert loop (host-synchronising).  ``x_q``: x already quantized by the op's rule (an expert-parallel
+    dispatch's payload); x then gives only the shape and dtype."""
     check_moe(x, topk_weights, topk_ids, w13, w2)
     xq = quant_dequant(x, w13.fmt, spec) if x_q is None else dequant_input(x_q, w13.fmt)  # float32 [T, H]
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, H]

@@ -1,7 +1,5 @@
-"""Triton backend of :mod:`.router_ref`: a MoE router in one launch (torch: a cast, a float32 GEMV and its reduction,
-a top-k, a sort and a softmax).  The float32 logits are K-split partial sums over several programs, summed in a fixed
-order by the last to arrive, so a decode step's few tokens spread over many SMs and every run gives the same bytes.
-"""
+"""Triton backend of :mod:`.router_ref` in one launch: K-split float32 partial logits, summed in fixed order by the
+last program to arrive (a decode step's few tokens spread over many SMs; the same bytes on every run)."""
 
 from __future__ import annotations
 
@@ -19,8 +17,7 @@ from . import router_ref as ref
 def _router_kernel(x_ptr, w_ptr, b_ptr, wo_ptr, io_ptr, part_ptr, count_ptr, T, E, K, K_SPLIT, stride_x, TOP_K: tl.constexpr,
                    TOP_KP: tl.constexpr, SOFTMAX_FIRST: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
                    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    """BLOCK_T tokens x one K_SPLIT-column slice: float32 partial logits over every expert (products of exactly
-    upcast values, summed in float32); the last slice to arrive sums the slices in order (split_reduce), then
+    """BLOCK_T tokens x one K_SPLIT-column slice of the logits; the last slice to arrive sums them in order, then
     takes the rule's top-k and weights."""
     tile = tl.program_id(0)
     split = tl.program_id(1)
@@ -72,9 +69,8 @@ def _router_kernel(x_ptr, w_ptr, b_ptr, wo_ptr, io_ptr, part_ptr, count_ptr, T, 
 def router_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, rule: str,
                 norm_topk_prob: bool = False, *, block_t: int = 4, k_split: int = 256, tile_elems: int = 8192,
                 num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """:func:`.router_ref.router_topk` in one launch: programs of ``block_t`` tokens x ``k_split`` columns (so a
-    decode step's few tokens spread over many SMs), their partial logits summed in a fixed order by the last
-    to arrive (the same bytes on every run; graph-safe workspace), each reading the weight in its stored dtype."""
+    """:func:`.router_ref.router_topk`: programs of ``block_t`` tokens x ``k_split`` columns, the weight read in its
+    stored dtype."""
     ref.check_router(x, weight, bias, top_k, rule)
     t, h = x.shape
     e = weight.shape[0]

@@ -1,11 +1,8 @@
-"""The MoE router op, in torch (the ``"torch"`` reference; Triton: :mod:`.router`).
+"""The ``router_topk`` op's torch reference (Triton: :mod:`.router`).
 
 ``router_topk(x [T, H], weight [E, H], bias [E] or None, top_k, rule, norm_topk_prob)`` -> (weights float32 [T, k],
-expert ids int64 [T, k]): logits = x W^T + b in float32 (x and W upcast exactly), then the routing rule
-``topk_softmax`` (GPT-OSS: top-k of the logits, softmax over those k) or ``softmax_topk`` (Qwen3-MoE: softmax over
-every expert, top-k, renormalised to sum 1 if ``norm_topk_prob``), ids in descending order of weight.  A kernel may
-sum each logit in another order (float32 either way, within a few ulps), so an id may differ only where two logits
-tie that closely.
+ids int64 [T, k], descending weight): float32 logits x W^T + b, then ``topk_softmax`` (GPT-OSS) or ``softmax_topk``
+(Qwen3-MoE).  A kernel may sum a logit in another order, so ids may differ only where two logits tie within ulps.
 """
 
 from __future__ import annotations
@@ -15,12 +12,11 @@ import torch
 from .. import dispatch
 
 ROUTER_RULES = ("topk_softmax", "softmax_topk")  # the rules router_topk runs (DeepSeek's grouped sigmoid stays in the engine)
-ROUTER_OP_TOKENS = 1024  # the engine's router_topk batches; a prefill's larger ones take torch's GEMM (the kernel re-reads the weight per 4 rows)
+ROUTER_OP_TOKENS = 1024  # the engine's router_topk batches; larger ones take torch's GEMM (the kernel re-reads the weight per 4 rows)
 
 
 def topk_route(logits: torch.Tensor, rule: str, top_k: int, norm_topk_prob: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 logits [T, E] -> (weights [T, k], ids [T, k]) by ``rule`` (transformers GptOssTopKRouter /
-    Qwen3MoeTopKRouter, call for call)."""
+    """float32 logits [T, E] -> (weights [T, k], ids [T, k]), transformers' routers call for call."""
     if rule == "topk_softmax":
         top, idx = torch.topk(logits, top_k, dim=-1)
         return torch.softmax(top, dim=1), idx
@@ -45,7 +41,7 @@ def check_router(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 def router_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, rule: str,
                 norm_topk_prob: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(weights float32 [T, k], ids int64 [T, k]) of float32 logits x W^T + b (module docstring)."""
+    """See the module docstring."""
     check_router(x, weight, bias, top_k, rule)
     f = torch.float32
     logits = torch.nn.functional.linear(x.to(f), weight.to(f), None if bias is None else bias.to(f))

@@ -1,39 +1,7 @@
-"""MoE routing and token alignment: which experts each token visits, and the expert-sorted,
-block-padded token order the grouped GEMMs of :mod:`.fused_moe` walk.
-
-Routing (:func:`route`): float32 router logits [T, E] -> (weights float32 [T, k], expert ids
-int64 [T, k]), the same torch calls as the engine's ``quantkit.engine.layers.moe.route``
-(transformers GptOssTopKRouter, Qwen3MoeTopKRouter, DeepseekV3TopkRouter), so on one device the
-results are bit-identical, ties included:
-
-* ``topk_softmax`` (GPT-OSS): top-k of the raw logits, softmax over those k;
-* ``softmax_topk`` (Qwen3-MoE): softmax over all experts, top-k, renormalised if ``norm_topk_prob``;
-* ``grouped_sigmoid`` (DeepSeek-V3): s = sigmoid(logits); choose with s + correction bias
-  (group score = sum of its top-2, best ``topk_group`` of ``n_group`` groups, top-k experts in
-  them); weights are s without the bias, renormalised (+1e-20) if ``norm_topk_prob``, times
-  ``scaling``.  All torch ops, no host synchronisation.
-
-Alignment (vLLM ``moe_align_block_size``): the T*k (token, slot) pairs, flat index
-``t * k + j``, are sorted by expert (stable: token order within an expert) and each expert's
-segment is padded to a multiple of BLOCK_M with the sentinel T*k.  Output buffers have a size
-fixed by the shapes alone, so a CUDA graph can hold them:
-
-* ``sorted_ids`` int32 [cap], cap = ceil((n + min(E, n) * (BLOCK_M - 1)) / BLOCK_M) * BLOCK_M,
-  n = T*k: at most min(E, n) experts are hit and each wastes at most BLOCK_M - 1 padding rows
-  (vLLM sizes it with E instead of min(E, n); the bound is the same when n >= E);
-* ``expert_ids`` int32 [cap / BLOCK_M]: the expert of each block, -1 for blocks past the end;
-* ``num_padded`` int32 [1]: the padded length actually used (kernels exit past it).
-
-:func:`align_torch` is the reference (sort + scatter); :func:`align_triton` computes the same
-bytes in one launch of one Triton program, for decode.  Up to ``SMALL_N_MAX`` pairs it compares
-the pairs with each other ([N, N] tiles, N = next power of two of n, work n**2 whatever E): a
-pair's rank is the number of earlier pairs on its expert, an expert's padded count is taken at
-its first pair, its start is the sum of those of lower experts.  Above, it works in chunks of
-pairs against all experts (counts, exclusive scan, per-chunk ranks); that work grows as T*k*E
-on one SM, so :func:`align` takes the torch sort for large T*k*E (prefill), where a few more
-launches do not matter.  All are CUDA-graph safe.  Expert ids must lie in [0, E)
-(expert-parallel remapping happens before); others fail as in torch's scatter: RuntimeError on
-the CPU, a device-side assertion on CUDA (no host sync).
+"""MoE routing (:func:`route`, the engine's torch calls: bit-identical, ties included) and token alignment (vLLM
+``moe_align_block_size``): the T*k pairs, flat index ``t * k + j``, stably sorted by expert, each expert's segment
+padded to a multiple of BLOCK_M with the sentinel T*k, in buffers sized by the shapes alone (CUDA-graph safe).
+Expert ids outside [0, E) fail as torch's scatter does (no host sync on CUDA).
 """
 
 from __future__ import annotations
@@ -60,7 +28,8 @@ def route(
     scaling: float = 1.0,
     correction_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 router logits [T, E] -> (weights float32 [T, top_k], expert ids int64 [T, top_k])."""
+    """float32 logits [T, E] -> (weights float32 [T, k], ids int64 [T, k]): ``topk_softmax`` (GPT-OSS),
+    ``softmax_topk`` (Qwen3-MoE), ``grouped_sigmoid`` (DeepSeek-V3: best ``topk_group`` of ``n_group`` groups)."""
     if rule not in RULES:
         raise ValueError(f"routing rule must be one of {RULES}, not {rule!r}")
     if rule == "topk_softmax":
@@ -95,7 +64,7 @@ class Alignment(NamedTuple):
 
 
 def align_capacity(n: int, num_experts: int, block_m: int) -> int:
-    """Rows of ``sorted_ids`` for n (token, slot) pairs: the worst case, a multiple of block_m."""
+    """Rows of ``sorted_ids`` for n pairs: at most min(E, n) experts are hit, each wasting at most block_m - 1 rows."""
     worst = n + min(num_experts, n) * (block_m - 1)
     return cdiv(worst, block_m) * block_m
 
@@ -107,14 +76,14 @@ def _check_ids(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> int:
 
 
 def align_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
-    """Reference alignment with torch ops (stable sort, scatter, searchsorted); no host sync."""
+    """The reference: stable sort, scatter, searchsorted; no host sync."""
     n = _check_ids(topk_ids, num_experts, block_m)
     dev = topk_ids.device
     cap = align_capacity(n, num_experts, block_m)
     flat = topk_ids.reshape(-1).to(torch.int64)  # [n]
     counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))  # [E]
     padded = (counts + block_m - 1) // block_m * block_m
-    ends = padded.cumsum(0)  # [E] end of each expert's padded segment
+    ends = padded.cumsum(0)  # [E]
     sorted_e, perm = torch.sort(flat, stable=True)
     rank = torch.arange(n, device=dev) - (counts.cumsum(0) - counts)[sorted_e]  # position within its expert
     sorted_ids = torch.full((cap,), n, dtype=torch.int32, device=dev)
@@ -130,7 +99,7 @@ def _align_kernel(
     ids_ptr, sorted_ptr, expert_ptr, npad_ptr, n, cap, n_blocks,
     E: tl.constexpr, E_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
-    """One program: counts per expert, padded exclusive scan, then each chunk's ranks -> dest."""
+    """One program, work n * E: counts per expert, padded exclusive scan, then each chunk's ranks -> dest."""
     ex = tl.arange(0, E_P2)
     c = tl.arange(0, CHUNK)
     counts = tl.zeros((E_P2,), dtype=tl.int32)
@@ -143,7 +112,7 @@ def _align_kernel(
     ends = tl.cumsum(padded, axis=0)  # [E_P2]; experts >= E have 0 rows
     for f0 in range(0, cap, CHUNK):  # padding everywhere first
         tl.store(sorted_ptr + f0 + c, tl.full((CHUNK,), 0, tl.int32) + n, mask=f0 + c < cap)
-    tl.debug_barrier()  # the padding stores land before the scattered ids overwrite them
+    tl.debug_barrier()  # padding lands before the ids
     seen = ends - padded  # next free row of each expert
     for c0 in range(0, n, CHUNK):
         ids = tl.load(ids_ptr + c0 + c, mask=c0 + c < n, other=E_P2).to(tl.int32)
@@ -159,11 +128,7 @@ def _align_kernel(
     tl.store(npad_ptr, tl.sum(padded, axis=0))
 
 
-# Pairs up to which _align_small_kernel runs: its [N, N] compare tiles (N = next power of two of
-# n) grow as n**2, the per-expert kernel's [CHUNK, E_P2] tiles as n * E_P2 (plus two scans), so
-# the pairwise one does fewer compares while n <= E: up to 128 for the MoE models served (E = 128,
-# 256).  128 is also the most one CTA holds: at 32 tile values per thread (16 warps) ptxas uses
-# 128 registers for sm_90, the whole 64K register file, no spills; N = 256 (32 warps) spills ~1 KB.
+# Pairwise compares cost n**2, per-expert ones n * E: pairwise wins while n <= E; 128 pairs fit one CTA without spills.
 SMALL_N_MAX = 128
 
 
@@ -172,7 +137,7 @@ def _align_small_kernel(
     ids_ptr, sorted_ptr, expert_ptr, npad_ptr, n, E, cap, n_blocks,
     N: tl.constexpr, BLOCK_M: tl.constexpr, FILL: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """One program for n <= N pairs, work in n**2 not E: ranks, counts and starts by pairwise compares."""
+    """One program for n <= N pairs: ranks, counts and starts by pairwise compares."""
     pdl_enter(PDL)
     i = tl.arange(0, N)
     raw = tl.load(ids_ptr + i, mask=i < n, other=0)  # int32 or int64, checked before narrowing
@@ -186,7 +151,7 @@ def _align_small_kernel(
     for f0 in range(0, cap, FILL):  # padding everywhere first
         f = f0 + tl.arange(0, FILL)
         tl.store(sorted_ptr + f, tl.full((FILL,), 0, tl.int32) + n, mask=f < cap)
-    tl.debug_barrier()  # the padding stores land before the pair ids overwrite them
+    tl.debug_barrier()  # padding lands before the ids
     tl.store(sorted_ptr + start + rank, i, mask=i < n)
     row = i * BLOCK_M  # first row of block i; cap / BLOCK_M <= n <= N blocks
     inside = (start[None, :] <= row[:, None]) & (row[:, None] < start[None, :] + padded[None, :])  # [N blocks, N]
@@ -195,9 +160,7 @@ def _align_small_kernel(
 
 
 def _check_range(ids: torch.Tensor, num_experts: int) -> None:
-    """Out-of-range ids fail as in :func:`align_torch`'s scatter: its RuntimeError on the CPU (the
-    interpreter, where a host check costs nothing); on CUDA the kernels' device assertion, which
-    like torch's device-side assert needs no host sync."""
+    """Out-of-range ids raise :func:`align_torch`'s RuntimeError on the CPU; on CUDA the kernels assert on the device."""
     if ids.is_cuda:
         return
     bad = ids[(ids < 0) | (ids >= num_experts)]
@@ -206,9 +169,8 @@ def _check_range(ids: torch.Tensor, num_experts: int) -> None:
 
 
 def align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int, pdl: bool = False) -> Alignment:
-    """:func:`align_torch` in one Triton launch (the same bytes): the pairwise kernel for
-    n <= ``SMALL_N_MAX`` pairs, else the per-expert one.  ``pdl``: the pairwise kernel is launched as a
-    programmatic dependent (:func:`.triton_numerics.pdl_enter`)."""
+    """:func:`align_torch`'s bytes in one launch: pairwise to ``SMALL_N_MAX`` pairs, else per expert.  ``pdl``: the
+    pairwise kernel launches as a programmatic dependent."""
     n = _check_ids(topk_ids, num_experts, block_m)
     ids = topk_ids.reshape(-1).contiguous()  # [n], int32 or int64: the kernels read either
     _check_range(ids, num_experts)
@@ -217,7 +179,7 @@ def align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int, pdl: bo
     expert_ids = torch.empty(cap // block_m, dtype=torch.int32, device=ids.device)  # [cap / BM]
     num_padded = torch.empty(1, dtype=torch.int32, device=ids.device)
     out = (sorted_ids, expert_ids, num_padded)
-    # debug=True keeps the device assertion on ids; sanitize_overflow=False leaves the arithmetic unchecked
+    # debug=True keeps the device assertion on ids
     opts = {"debug": True, "sanitize_overflow": False}
     pdl = pdl_ok(ids.device, pdl)
     if n <= SMALL_N_MAX:
@@ -234,12 +196,11 @@ def align_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int, pdl: bo
     return Alignment(sorted_ids, expert_ids, num_padded, block_m)
 
 
-ONE_PROGRAM_MAX = 2**19  # pairs x experts (padded): above it the one-program kernel is slower than the torch sort
+ONE_PROGRAM_MAX = 2**19  # pairs x experts (padded): above it one program is slower than the torch sort
 
 
 def align(topk_ids: torch.Tensor, num_experts: int, block_m: int, pdl: bool = False) -> Alignment:
-    """:func:`align_triton` (one launch: decode, and any E for n <= ``SMALL_N_MAX``) or
-    :func:`align_torch` (sort: prefill); the same bytes.  ``pdl``: see :func:`align_triton`."""
+    """:func:`align_triton` (decode) or :func:`align_torch` (prefill, where a few more launches do not matter)."""
     n = topk_ids.numel()
     if n <= SMALL_N_MAX or n * next_pow2(num_experts) <= ONE_PROGRAM_MAX:
         return align_triton(topk_ids, num_experts, block_m, pdl)

@@ -1,32 +1,8 @@
-"""Fused MoE for many tokens (prefill): expert-sorted activations through TMA.
-
-The gathered-row kernel of :mod:`.fused_moe` loads each block's token rows by pointer (a
-row gather), which keeps its tiles small.  Here the rows are put in expert order once, so both
-GEMMs read dense tiles through TMA descriptors, as a dense GEMM does (DeepGEMM's "contiguous"
-grouped layout; vLLM's ``moe_permute`` + grouped GEMM):
-
-1. x [T, H] is quantized once per token (:mod:`.group_quant`: 1x128, or 1x32 E8M0 for MX) and
-   its rows and scales gathered into ``sorted_ids`` order: row r holds token
-   ``sorted_ids[r] // k`` (padding rows, and rows past ``num_padded``, copy token 0 and are
-   never stored) -> A [cap, H], one expert per BLOCK_M rows;
-2. GEMM 1: A x the block's expert's gate and up rows (a rank-3 descriptor over [E, 2I, H]:
-   rows past an expert's end arrive as zeros), bias, x.dtype rounding and the activation in
-   the epilogue, written in sorted order -> [cap, I]; interleaved gate/up (GPT-OSS: rows 2j,
-   2j+1) is one dot over 2 x BLOCK_N rows whose columns are split in the epilogue,
-   concatenated gate/up (rows j, I + j) two dots;
-3. the intermediate is quantized per row like x (its rows past ``num_padded``, never written, are
-   not read: they quantize as zeros) and GEMM 2 (down [E, H, I]) reads it as dense rows again,
-   storing row r to slot ``sorted_ids[r]`` -> [T*k, H];
-4. the combine of :mod:`.fused_moe` (fixed order, no atomics).
-
-The products are those of the gathered-row kernel: FP8-block walks K in 128-column steps with
-DeepSeek's per-128 promotion (fp8 dot times both scales into a float32 accumulator), which
-needs one weight scale per tile: BLOCK_N divides 128 (2 x BLOCK_N for interleaved gate/up) and,
-for concatenated gate/up, I is a multiple of 128.  MXFP8 walks 32-, 64- or 128-column steps
-(``mx_step``) on upcast operands (E4M3 times its E8M0 scales, exact in bf16; bf16 dot, float32
-accumulation), any tile; past 32 columns the activation tile is upcast once per step for both
-gate and up dots.  :func:`sorted_ok` says which experts qualify.  Blocks past ``num_padded`` return at
-once: nothing depends on the routing on the host (CUDA-graph safe).
+"""Fused MoE on expert-sorted rows (leaves ``triton.sorted`` and ``triton.sorted_wgmma``; DeepGEMM's contiguous
+grouped layout).  The quantized token rows are gathered once into ``sorted_ids`` order, A [cap, H] with one expert
+per BLOCK_M rows, so both GEMMs read dense TMA tiles; GEMM 1 writes [cap, I] in sorted order, GEMM 2 stores row r
+to slot ``sorted_ids[r]``.  FP8-block steps 128 K columns with per-128 promotion (one weight scale per tile: see
+:func:`.select.sorted_why_not`); MXFP8 steps 32, 64 or 128 columns on bf16-exact upcast operands.
 """
 
 from __future__ import annotations
@@ -59,12 +35,10 @@ def _mx_upcast(x, s_ptr, rows, rows_ok, stride_r, kb, n_cols, SUB_K: tl.constexp
 @triton.jit
 def _weight_step(acc, a, sa, w_desc, e, wrow, k0, ws_e, s_wsn, kcol, N_W, WS_COLS, ROWS: tl.constexpr, SUB_K: tl.constexpr,
                  MX: tl.constexpr, UP_DTYPE: tl.constexpr):  # fmt: skip
-    """acc += (a * sa) @ (w[e, wrow:wrow+ROWS, k0:k0+SUB_K] * its scales).T: FP8-block, one scale
-    for the tile (promoted dot, :func:`.moe_common.moe_mma`); MX, E8M0 per row and 32 columns, on
-    upcast operands (32-column steps: moe_mma's; longer ones: ``a`` arrives upcast); rows past the
-    expert read zeros."""
+    """acc += (a * sa) @ (w[e, wrow:wrow+ROWS, k0:k0+SUB_K] * its scales).T: FP8-block, one scale per tile (promoted
+    dot); MX, upcast operands (32-column steps: moe_mma's; longer ones: ``a`` arrives upcast)."""
     w = w_desc.load([e, wrow, k0]).reshape(ROWS, SUB_K)
-    if MX and SUB_K == 32:  # one E8M0 scale per row: the upcast product step of moe_mma
+    if MX and SUB_K == 32:  # one E8M0 scale per row
         wr = wrow + tl.arange(0, ROWS)
         sw = e8m0_decode(tl.load(ws_e + wr * s_wsn + kcol, mask=wr < N_W, other=0).to(tl.int32))
         acc = moe_mma(acc, a, w.T, sa, sw, False, True, UP_DTYPE)
@@ -85,9 +59,8 @@ def _sorted_gemm_kernel(
     MX: tl.constexpr, SUB_K: tl.constexpr, UP_DTYPE: tl.constexpr, GATED: tl.constexpr, PAIRED: tl.constexpr, W_ROWS: tl.constexpr, ACT: tl.constexpr, ROUND: tl.constexpr, HAS_BIAS: tl.constexpr,
     SCATTER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    """Rows [r0, r0 + BLOCK_M) of the sorted activations (one expert) x BLOCK_N output columns.
-    GATED: the activation of gate and up (PAIRED: interleaved, one W_ROWS = 2 x BLOCK_N tile);
-    SCATTER: row r is stored at slot sorted_ids[r]; MX: SUB_K = 32 steps on upcast operands."""
+    """Rows [r0, r0 + BLOCK_M) of the sorted activations (one expert) x BLOCK_N output columns.  PAIRED: interleaved
+    gate/up in one W_ROWS = 2 x BLOCK_N tile; SCATTER: row r is stored at slot sorted_ids[r]."""
     pid_m, pid_n = tile_coords(tl.program_id(0), CAP, N, BLOCK_M, BLOCK_N, GROUP_M)
     r0 = pid_m * BLOCK_M
     if r0 >= tl.load(npad_ptr):
@@ -101,10 +74,10 @@ def _sorted_gemm_kernel(
     wrow = n0
     if PAIRED:
         wrow = 2 * n0
-    for kb in range(tl.cdiv(K, SUB_K)):  # FP8-block: one scale column of each side per step; MX: SUB_K // 32
+    for kb in range(tl.cdiv(K, SUB_K)):
         k0 = kb * SUB_K
         a = a_desc.load([r0, k0])  # [BM, SUB_K]; K past the end arrives as zeros
-        if MX and SUB_K > 32:  # several scales per row: upcast once per step, shared by gate and up
+        if MX and SUB_K > 32:  # upcast once per step, shared by gate and up
             sa = 0.0
             a = _mx_upcast(a, as_ptr, rows, rows < CAP, s_asm, kb, S_COLS, SUB_K, UP_DTYPE)
         else:
@@ -141,29 +114,16 @@ def _sorted_gemm_kernel(
     tl.store(out_ptr + out_rows[:, None] * s_om + cols[None, :], h.to(out_ptr.dtype.element_ty), mask=ok[:, None] & col_ok[None, :])
 
 
-def sorted_ok(w13: ExpertWeights, w2: ExpertWeights, spec: MoeSpec, block_n1: int, block_n2: int, upcast: bool = False) -> bool:
-    """Whether the sorted path takes these experts: 16-byte rows (TMA) and either FP8-block
-    with every weight tile under one scale block, or MXFP8 on upcast operands (``upcast``)."""
-    inter, h = w2.q.shape[2], w2.q.shape[1]
-    rows1 = 2 * block_n1 if spec.interleaved else block_n1
-    if w13.fmt != w2.fmt:
-        return False
-    uniform = BLOCK_K % rows1 == 0 and BLOCK_K % block_n2 == 0 and (spec.interleaved or inter % BLOCK_K == 0)
-    fmt_ok = upcast if w13.fmt == "mxfp8" else uniform
-    return fmt_ok and h % 16 == 0 and inter % 16 == 0 and all(w.q.is_contiguous() and w.q.data_ptr() % 16 == 0 for w in (w13, w2))
-
-
 def gather_rows(a: torch.Tensor, sa: torch.Tensor, al: Alignment, n_slots: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of the per-token E4M3 [T, H] and scales [T, G] in ``sorted_ids`` order: [cap, H], [cap, G]."""
+    """Per-token E4M3 [T, H] and scales [T, G] in ``sorted_ids`` order: [cap, H], [cap, G]."""
     src = torch.where(al.sorted_ids < n_slots, al.sorted_ids // top_k, 0).to(torch.int64)
     return a.view(torch.uint8).index_select(0, src).view(a.dtype), sa.index_select(0, src)
 
 
 def sorted_gemm(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: torch.Tensor, al: Alignment, n_slots: int,
                 spec: MoeSpec, gated: bool, block_n: int, act: int, num_warps: int, num_stages: int, group_m: int, mx_step: int = 32) -> None:  # fmt: skip
-    """One grouped GEMM over sorted rows: GEMM 1 (gated, writes [cap, I] in sorted order) or
-    GEMM 2 (scatters [cap, H] rows to their slots in ``out`` [T*k, H]); MX experts take
-    ``mx_step`` K columns (32, 64 or 128) per step."""
+    """One grouped GEMM over sorted rows: GEMM 1 (gated, [cap, I] in sorted order) or GEMM 2 (rows scattered to
+    their slots in ``out`` [T*k, H])."""
     e, nw, k = w.q.shape
     n_out = nw // 2 if gated else nw
     cap, bm = al.sorted_ids.shape[0], al.block_m
@@ -186,38 +146,15 @@ def sorted_gemm(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: torch.
     )  # fmt: skip
 
 
-WGMMA_BLOCK_MS = (64, 128)  # the warp-specialised kernel's expert blocks (64: both warpgroups on every row, split N)
-
-
-def wgmma_why_not(w13: ExpertWeights, w2: ExpertWeights, spec: MoeSpec, block_m: int, device: torch.device) -> str | None:
-    """None when :func:`sorted_gemm_wgmma` takes both GEMMs, else the rule these experts break:
-    FP8-block experts with F32 scales, 128-row expert blocks, the sorted-row rules of
-    :func:`sorted_ok` for 64 intermediate columns per GEMM-1 tile and 128 per GEMM-2 tile
-    (every weight tile under one scale block; 16-byte rows for TMA), and a device the Gluon
-    kernel runs on (:func:`.gemm_wgmma.wgmma_available`)."""
-    from ..gemm.wgmma import wgmma_available
-
-    if w13.fmt != "fp8-block" or w2.fmt != "fp8-block":
-        return f"FP8-block experts only, got {w13.fmt} / {w2.fmt}"
-    if block_m not in WGMMA_BLOCK_MS:
-        return f"expert blocks of {' or '.join(map(str, WGMMA_BLOCK_MS))} rows only, got {block_m}"
-    if w13.scale.dtype != torch.float32 or w2.scale.dtype != torch.float32:
-        return f"F32 weight scales only, got {w13.scale.dtype} / {w2.scale.dtype}"
-    if not sorted_ok(w13, w2, spec, 64, 128):
-        return "the sorted-row rules (fused_moe_sorted.sorted_ok: one weight-scale block per tile, 16-byte rows, contiguous weights)"
-    avail = wgmma_available(device)
-    return None if avail.ok else avail.reason
+WGMMA_BLOCK_MS = (64, 128)  # the wgmma kernel's expert blocks (64: both warpgroups on every row, split N)
 
 
 def sorted_gemm_wgmma(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: torch.Tensor, al: Alignment, n_slots: int,
                       spec: MoeSpec, gated: bool, act: int, stages: int, group_m: int) -> None:  # fmt: skip
-    """:func:`sorted_gemm` (FP8-block) on the warp-specialised Gluon kernel
-    (:func:`.gemm_wgmma_moe_gluon.moe_gemm_ws`), same products and epilogue: 128-row expert blocks,
-    each consumer warpgroup 64 rows against 128 weight rows, or 64-row blocks (half the padding),
-    both warpgroups on every row, each against its own 128 of 256 weight rows (gated: 64
-    intermediate columns per warpgroup, interleaved or as 64-row gate and up pieces);
-    :func:`wgmma_why_not` must have passed."""
+    """:func:`sorted_gemm` (FP8-block) on the warp-specialised Gluon kernel (:func:`.wgmma_gluon.moe_gemm_ws`), same
+    products and epilogue; :func:`.select.wgmma_why_not` must have passed."""
     from ..gemm import wgmma as gemm_wgmma
+    from . import wgmma_gluon
 
     e, nw, k = w.q.shape
     n_out = nw // 2 if gated else nw
@@ -233,7 +170,7 @@ def sorted_gemm_wgmma(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: 
     ws = w.scale
     tiles = cdiv(cap, bm) * cdiv(n_out, bn_wg * (2 if split else 1))
     grid = (min(tiles, sm_count(out.device)),)
-    gemm_wgmma.moe_kernels().moe_gemm_ws[grid](
+    wgmma_gluon.moe_gemm_ws[grid](
         a_desc, w_desc, sa, ws, bias, out, al.sorted_ids, al.expert_ids, al.num_padded, n_slots, cap, n_out, nw, k,
         n_out if halves else 0, spec.alpha, spec.limit, sa.stride(0), ws.stride(0), ws.stride(1), ws.stride(2), bias.stride(0), out.stride(0),
         BM=bm, BN_WG=bn_wg, BK=BLOCK_K, STAGES=stages, UNROLL=2 if halves else 4, GROUP=group_m,

@@ -1,6 +1,5 @@
-"""The K steps of the gathered-row fused MoE kernel (:mod:`.fused_moe`): per-sub-block scales, in-kernel group
-quantization (the same bytes as :mod:`.group_quant`), the promoted or upcast step, and MX experts' transposed
-block-diagonal step."""
+"""The K steps of the gathered-row kernel (:mod:`.fused_moe`): the promoted or upcast step, and MX experts'
+transposed block-diagonal step."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import triton.language as tl
 
 from ..gemm.skinny import diag_act_tile, diag_promote, load_tile
 from .common import moe_mma
-from ..triton_numerics import abs_max, divide, e4m3_code, e8m0_decode, e8m0_decode_lean, e8m0_exponent, fp8_block_scale, pow2
+from ..triton_numerics import e8m0_decode, e8m0_decode_lean
 
 
 @triton.jit
@@ -25,29 +24,12 @@ def sub_scale(s_ptr, rows, row0, stride_r, kcol, n_cols, RPS: tl.constexpr, UNIF
 
 
 @triton.jit
-def quant_group(x, QMODE: tl.constexpr, RCEIL: tl.constexpr, HW_CAST: tl.constexpr):
-    """float32 [BM, G] -> (E4M3 [BM, G], float32 scale [BM]): one group per row, the same bytes
-    as :mod:`.group_quant` (QMODE 0 = MX E8M0, 1 = F32 amax/448, 2 = UE8M0)."""
-    amax = abs_max(x, 1)
-    if QMODE == 0:
-        kexp = e8m0_exponent(amax, 8, 0x600000, RCEIL)
-        s = pow2(tl.minimum(kexp, 127))
-        sa = e8m0_decode(kexp + 127)  # the scale as the stored byte decodes (0xFF: NaN)
-    else:
-        s = fp8_block_scale(amax, QMODE == 2, RCEIL)
-        sa = s
-    v = divide(x, s[:, None], tl.math.div_rn(1.0, s)[:, None], QMODE != 1)
-    return e4m3_code(v, v, False, HW_CAST).to(tl.float8e4nv, bitcast=True), sa
-
-
-@triton.jit
 def moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, a_ok, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
               s_am, s_asm, s_wn, s_wsn, GATED: tl.constexpr, A_KPS: tl.constexpr, A_E8M0: tl.constexpr,
               W_RPS: tl.constexpr, W_KPS: tl.constexpr, W_E8M0: tl.constexpr, W_UNIFORM: tl.constexpr,
-              UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr, QMODE: tl.constexpr, RCEIL: tl.constexpr,
-              HW_CAST: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
-    """One BLOCK_K-column block of K: its SUB_K sub-blocks, each product promoted with both scales.  Padding rows (a_ok
-    false) are not read: they load as zeros."""
+              UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """One BLOCK_K-column block of K in SUB_K sub-blocks, each product promoted with both scales; padding rows load
+    as zeros."""
     offs_k = tl.arange(0, SUB_K)
     for j in tl.static_range(BLOCK_K // SUB_K):
         ks = kb * BLOCK_K + j * SUB_K + offs_k
@@ -60,10 +42,7 @@ def moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, a_ok, row_g, row
             a = tl.load(a_ptrs, mask=a_ok[:, None], other=0.0)
             wg = tl.load(wg_ptrs)
         wcol = (kb * BLOCK_K + j * SUB_K) // W_KPS
-        if QMODE >= 0:  # a holds x.dtype values: quantize its group (SUB_K columns) here
-            a, sa = quant_group(a.to(tl.float32), QMODE, RCEIL, HW_CAST)
-        else:
-            sa = sub_scale(as_ptr, a_row, 0, s_asm, (kb * BLOCK_K + j * SUB_K) // A_KPS, AS_COLS, 1, False, A_E8M0)
+        sa = sub_scale(as_ptr, a_row, 0, s_asm, (kb * BLOCK_K + j * SUB_K) // A_KPS, AS_COLS, 1, False, A_E8M0)
         sg = sub_scale(ws_e, row_g, row0, s_wsn, wcol, WS_COLS, W_RPS, W_UNIFORM, W_E8M0)
         acc_g = moe_mma(acc_g, a, wg, sa, sg, W_UNIFORM, UPCAST, UP_DTYPE)
         if GATED:
@@ -79,8 +58,7 @@ def moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, a_ok, row_g, row
 
 @triton.jit
 def _diag_weight(w_e, ws_e, rows, k, K, gcol, WS_COLS, s_wn, s_wsn, MASKED: tl.constexpr):
-    """One expert's weight rows for a block-diagonal step: E4M3 [BN, BLOCK_K] (columns past K zeros with MASKED)
-    and their decoded E8M0 scales [BN, G]."""
+    """E4M3 weight rows [BN, BLOCK_K] (zeros past K) and their E8M0 scales [BN, G]."""
     w = load_tile(w_e + rows[:, None] * s_wn + k[None, :], k < K, rows, False, MASKED, False)
     s = e8m0_decode_lean(tl.load(ws_e + rows[:, None] * s_wsn + gcol[None, :], mask=(gcol < WS_COLS)[None, :], other=127))
     return w, s
@@ -90,9 +68,8 @@ def _diag_weight(w_e, ws_e, rows, k, K, gcol, WS_COLS, s_wn, s_wsn, MASKED: tl.c
 def moe_step_diag(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, a_ok, row_g, row_u, K, AS_COLS, WS_COLS,
                    s_am, s_asm, s_wn, s_wsn, GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                    SUB_K: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
-    """:func:`moe_step` for MX experts with the product transposed, acc [BN, BM] (weight rows x slots): one fp8
-    dot per 128 columns on a block-diagonal activation tile (:func:`.gemm_skinny.diag_act_tile`) gives the four
-    32-column products side by side, promoted with their E8M0 scales (:func:`.gemm_skinny.diag_promote`)."""
+    """:func:`moe_step` for MX experts, transposed (acc [BN, BM]): one fp8 dot per 128 columns on a block-diagonal
+    activation tile gives the four 32-column products side by side, each promoted with its E8M0 scales."""
     G: tl.constexpr = BLOCK_K // SUB_K
     k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
     a = diag_act_tile(a_ptr, a_row, a_ok, k, K, s_am, BLOCK_M, BLOCK_K, SUB_K, MASKED, True)  # [BLOCK_K, G * BM]
@@ -110,14 +87,13 @@ def moe_step_diag(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, a_ok, row_g
 def moe_kernel_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, a_ok, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
                      s_am, s_asm, s_wn, s_wsn, GATED: tl.constexpr, A_KPS: tl.constexpr, A_E8M0: tl.constexpr, W_RPS: tl.constexpr,
                      W_KPS: tl.constexpr, W_E8M0: tl.constexpr, W_UNIFORM: tl.constexpr, UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr,
-                     QMODE: tl.constexpr, RCEIL: tl.constexpr, HW_CAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                     SUB_K: tl.constexpr, MASKED: tl.constexpr, DIAG: tl.constexpr):  # fmt: skip
-    """One K-block of :func:`_moe_gemm_kernel`: the transposed block-diagonal step (DIAG) or the promoted / upcast one."""
+                     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SUB_K: tl.constexpr, MASKED: tl.constexpr, DIAG: tl.constexpr):  # fmt: skip
+    """One K-block: the block-diagonal step (DIAG) or the promoted / upcast one."""
     if DIAG:  # an else, not an early return: Triton compiles what follows a return, and the shapes differ
         acc_g, acc_u = moe_step_diag(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, a_ok, row_g, row_u, K, AS_COLS, WS_COLS,
                                       s_am, s_asm, s_wn, s_wsn, GATED, BLOCK_M, BLOCK_K, SUB_K, MASKED)  # fmt: skip
     else:
         acc_g, acc_u = moe_step(acc_g, acc_u, kb, a_ptr, as_ptr, w_e, ws_e, a_row, a_ok, row_g, row_u, row0, up_off, K, AS_COLS, WS_COLS,
                                  s_am, s_asm, s_wn, s_wsn, GATED, A_KPS, A_E8M0, W_RPS, W_KPS, W_E8M0, W_UNIFORM, UPCAST, UP_DTYPE,
-                                 QMODE, RCEIL, HW_CAST, BLOCK_K, SUB_K, MASKED)  # fmt: skip
+                                 BLOCK_K, SUB_K, MASKED)  # fmt: skip
     return acc_g, acc_u

@@ -1,11 +1,6 @@
-"""Gluon kernels of the fused MoE on expert-sorted rows (sm_90 only; imported on first use):
-:func:`moe_gemm_ws`, launched by :func:`.fused_moe_sorted.sorted_gemm_wgmma`.
-
-The pipeline of :mod:`.gemm_wgmma_gluon` (its tile order, wgmma issue and promoting K loop) over a
-grouped GEMM: the rows of each 128-row block belong to one expert (its weight rows are e * N_W + ...),
-blocks past num_padded are skipped by every partition alike.  GEMM 1 (GATED) pairs gate and up in the
-epilogue: interleaved rows (PAIRED: accumulator columns 2j, 2j + 1) or concatenated halves (two 64-row
-weight tiles, two accumulators, HALVES); GEMM 2 scatters row r to slot sorted_ids[r].
+"""Gluon kernel of the ``triton.sorted_wgmma`` leaf (sm_90; imported on first use): :mod:`..gemm.wgmma_gluon`'s
+pipeline over a grouped GEMM, each BM-row block one expert.  GEMM 1 pairs gate and up in the epilogue (interleaved
+columns, or concatenated halves: HALVES); GEMM 2 scatters row r to slot sorted_ids[r].
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ from ..gemm.wgmma_gluon import BK_SCALE, _k_loop, _tile, _tma_load
 
 @gluon.jit
 def _bf16(x, ROUND: gl.constexpr):
-    """float32 -> nearest bfloat16 -> float32 (the torch op's rounding), identity unless ROUND."""
+    """float32 -> nearest bfloat16 -> float32 where ROUND."""
     if ROUND:
         return x.to(gl.bfloat16).to(gl.float32)
     else:
@@ -28,7 +23,7 @@ def _bf16(x, ROUND: gl.constexpr):
 
 @gluon.jit
 def _moe_act(g, u, ACT: gl.constexpr, alpha, limit, ROUND: gl.constexpr):
-    """moe_common.moe_activation: silu(g) * u, or GPT-OSS's clamped (u + 1) * g * sigmoid(alpha * g)."""
+    """:func:`.common.moe_activation`."""
     if ACT == 0:
         s = _bf16(gl.div_rn(g, 1.0 + gl.exp(-g)), ROUND)
         return _bf16(s * u, ROUND)
@@ -43,8 +38,7 @@ def _moe_act(g, u, ACT: gl.constexpr, alpha, limit, ROUND: gl.constexpr):
 def _moe_loader(a_desc, w_desc, a_smem, w_smem, ready, empty, expert_ptr, npad_ptr, CAP, N_OUT, N_W, up_off, n_k,
                 BM: gl.constexpr, BN_WG: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, GROUP: gl.constexpr,
                 HALVES: gl.constexpr, SPLIT_N: gl.constexpr):  # fmt: skip
-    """Per stage: the block's [BM, BK] activation rows and the 128 (SPLIT_N: 256) weight rows of its tile; concatenated
-    gate/up (HALVES) as 64-row gate and up pieces, each warpgroup's pair side by side."""
+    """Per stage: [BM, BK] activation rows and 128 (SPLIT_N: 256) weight rows; HALVES: 64-row gate and up pieces."""
     NWG: gl.constexpr = 2 if SPLIT_N else 1  # warpgroups with their own weight rows
     BN_TILE: gl.constexpr = BN_WG * NWG
     n_m = gl.cdiv(CAP, BM)
@@ -101,8 +95,7 @@ def _moe_consumer(a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, out_pt
                 row0 = pm * BM + HALF * HM
                 col0 = pn * BN_TILE
             a_sc = as_ptr + (row0 + gl.arange(0, HM, layout=row_l)) * sasm
-            # scale rows clamped to the expert's last: a SPLIT_N tile's second warpgroup can lie wholly past N_OUT (its
-            # columns are never stored) and must not read past the scale tensor
+            # scale rows clamped to the expert's last: a SPLIT_N tile's second warpgroup may lie past N_OUT
             last = (N_W - 1) // BK_SCALE
             if HALVES:
                 wg_sc = ws_ptr + e * swse + gl.minimum(col0 // BK_SCALE, last) * swsn
@@ -122,8 +115,7 @@ def _moe_consumer(a_smem, w_smem, ready, empty, as_ptr, ws_ptr, bias_ptr, out_pt
 def _moe_epilogue(acc_g, acc_u, bias_ptr, out_ptr, sorted_ptr, e, row0, col0, n_slots, CAP, N_OUT, up_off, alpha, limit, sbe, som,
                   HM: gl.constexpr, BN_OUT: gl.constexpr, GATED: gl.constexpr, HALVES: gl.constexpr, HAS_BIAS: gl.constexpr,
                   ROUND: gl.constexpr, ACT: gl.constexpr):  # fmt: skip
-    """Bias, x.dtype rounding and the activation (GATED), then the store: sorted rows [CAP, N_OUT] (GATED) or each row to
-    its slot (GEMM 2)."""
+    """Bias, rounding, activation (GATED), then the store: sorted rows (GATED) or each row to its slot."""
     if GATED:
         if HALVES:
             g = acc_g
@@ -168,9 +160,8 @@ def moe_gemm_ws(a_desc, w_desc, as_ptr, ws_ptr, bias_ptr, out_ptr, sorted_ptr, e
                 BM: gl.constexpr, BN_WG: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, UNROLL: gl.constexpr,
                 GROUP: gl.constexpr, REGS: gl.constexpr, LOADER_REGS: gl.constexpr, GATED: gl.constexpr, HALVES: gl.constexpr,
                 HAS_BIAS: gl.constexpr, ROUND: gl.constexpr, ACT: gl.constexpr, SPLIT_N: gl.constexpr):  # fmt: skip
-    """BM = 128: each consumer warpgroup takes 64 of the block's rows against the same 128 weight rows; SPLIT_N (BM = 64, so
-    half the padding rows): both take all 64 rows, each against its own 128 of 256 weight rows.  BN_WG output columns per
-    warpgroup (gated: 64 intermediate columns)."""
+    """BM = 128: each consumer warpgroup takes 64 rows against the same 128 weight rows; SPLIT_N (BM = 64, half the
+    padding): both take all rows, each against its own 128 of 256 weight rows."""
     a_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, BK], a_desc.layout)
     w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([128, BK], gl.float8e4nv)
     w_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, 256 if SPLIT_N else 128, BK], w_layout)

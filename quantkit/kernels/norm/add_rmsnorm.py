@@ -1,7 +1,5 @@
-"""Triton backend of :mod:`.add_rmsnorm_ref`: the residual add and RMSNorm in one launch (torch: the add, casts, a
-square, a mean, an rsqrt and two products).  Bit for bit with the reference: IEEE float32 steps in its order
-(``enable_fp_fusion=False``), bfloat16 ops rounded from the float32 bits, the sum of squares in
-:mod:`..quant.fused_act_quant_ref`'s lane order (pass 1 of ``_rmsnorm_quant_kernel``).
+"""Triton :mod:`.add_rmsnorm_ref`: the residual add and RMSNorm in one launch instead of about ten, bit for bit (IEEE
+float32 steps in the reference's order, no FMA; bfloat16 rounded from the float32 bits).
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ def _add_rmsnorm_kernel(x_ptr, y_ptr, w_ptr, s_ptr, o_ptr, M, K, stride_x, strid
     rows = row0 + r
     lane = tl.arange(0, LANES)
     acc = tl.zeros([BLOCK_M, LANES], tl.float32)
-    for k0 in range(0, K, LANES * UNROLL):  # pass 1: s = x + y (written out), lane j adds s[j]**2, s[j+128]**2, ... in order
+    for k0 in range(0, K, LANES * UNROLL):  # pass 1: store s, sum its squares
         for u in tl.static_range(UNROLL):
             cols = k0 + u * LANES + lane
             mask = rmask[:, None] & (cols < K)[None, :]
@@ -38,23 +36,21 @@ def _add_rmsnorm_kernel(x_ptr, y_ptr, w_ptr, s_ptr, o_ptr, M, K, stride_x, strid
     mean = tl.math.div_rn(pair_sum(acc, BLOCK_M), k_f32)
     rstd = tl.math.div_rn(tl.full([BLOCK_M], 1.0, tl.float32), tl.sqrt_rn(mean + eps))[:, None]
     wide = tl.arange(0, BLOCK_K)
-    for k0 in range(0, K, BLOCK_K):  # pass 2, elementwise: s again from x and y (no read of what other threads wrote), normalised
+    for k0 in range(0, K, BLOCK_K):  # pass 2 recomputes s: other threads stored it
         cols = k0 + wide
         mask = rmask[:, None] & (cols < K)[None, :]
         x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         y = tl.load(y_ptr + rows[:, None] * stride_y + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)[None, :]
-        h = bf16_round(bf16_round(x + y, ROUND) * rstd, ROUND_H)  # order "hf": h.to(bfloat16) before the weight
+        h = bf16_round(bf16_round(x + y, ROUND) * rstd, ROUND_H)
         tl.store(o_ptr + rows[:, None] * K + cols[None, :], bf16_round(w * h, ROUND).to(o_ptr.dtype.element_ty), mask=mask)
 
 
 @dispatch.backend("add_rmsnorm", "triton", available=available, priority=PRIORITY)
 def add_rmsnorm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, order: str = "hf", *, block_m: int = 1,
                 unroll: int | None = None, block_k: int = 4096, num_warps: int = 4) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """:func:`.add_rmsnorm_ref.add_rmsnorm` in one launch; ``block_m`` rows per program, ``unroll`` 128-chunks per pass-1
-    step (default: the whole row, up to 32), ``block_k`` columns per pass-2 step (none changes the bytes).  A row is
-    walked by one program, in as few steps as its registers allow: each step waits for its loads (H200, C = 1, a
-    2880-wide row: 6 + 23 steps of 128 took 15.6 us a launch, 3 + 3 wide steps 8.3 us)."""
+    """:func:`.add_rmsnorm_ref.add_rmsnorm` in one launch.  Each step waits for its loads, so a program walks its rows
+    in as few steps as registers allow (``unroll`` 128-chunks, ``block_k`` columns)."""
     ref.check_add_norm(x, y, weight, order)
     k = x.shape[-1]
     x2, y2 = _rows(x), _rows(y)

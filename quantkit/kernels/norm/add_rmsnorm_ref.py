@@ -1,9 +1,6 @@
-"""The residual add + RMSNorm op of a decoder layer, in torch (the ``"torch"`` reference; Triton: :mod:`.add_rmsnorm`).
-
-``add_rmsnorm(x, y, weight, eps, order)`` -> (s = x + y in x.dtype, RMSNorm(s)): s rounded to the dtype, then RMSNorm
-with the specified sum of squares of :func:`..quant.fused_act_quant_ref.rms_norm` (``rmsnorm_act_quant``'s order), so it
-may differ from the engine's unfused ``RMSNorm`` in the last float32 bits of the mean.  The engine fuses it for
-bfloat16 activations only.
+"""The residual add + RMSNorm of a decoder layer in torch (Triton: :mod:`.add_rmsnorm`): (s = x + y, RMSNorm(s)) in
+x.dtype, summing squares in :func:`..quant.fused_act_quant_ref.rms_norm`'s order (the engine's unfused mean may differ
+in its last bits).
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ def check_add_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, order
 
 
 def add_rmsnorm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, order: str = "hf") -> tuple[torch.Tensor, torch.Tensor]:
-    """(s = x + y, RMSNorm(s)), both in x.dtype (module docstring)."""
+    """(s = x + y, RMSNorm(s)), both in x.dtype."""
     check_add_norm(x, y, weight, order)
     s = x + y
     return s, rms_norm(s, weight, eps, order)

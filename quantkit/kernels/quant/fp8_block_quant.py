@@ -1,18 +1,10 @@
-"""Triton FP8 128x128 block weight quantization: [..., N, K] float -> (E4M3 [..., N, K],
-F32 ``weight_scale_inv`` [..., ceil(N/128), ceil(K/128)]).
+"""Triton FP8 128x128 block weight quantization, one program per tile; leading dims are batch dims.
 
-Layout (HF fine-grained FP8, DeepSeek-V3 README_WEIGHTS.md): one scale per 128x128 tile, edge
-tiles partial (zero-padded for the amax, then cut); leading dims (stacked experts) are batch
-dims.  One program per tile, tiles numbered batch-major, then row tile, then column tile.
+Bit for bit with :func:`formats.fp8_block.quantize_weight` (HF fine-grained FP8, DeepSeek-V3 README_WEIGHTS.md):
 
-Numerics of :func:`formats.fp8_block.quantize_weight`, bit for bit:
-
-    amax = max(max|x| over the tile, 1e-4)          (NaN anywhere in the tile -> NaN)
-    s    = div_rn(amax, 448)                          scale_fmt "float"
-    s    = 2**exponent(amax, e4m3, rule)              scale_fmt "ue8m0" (rule floor | rceil)
-    q    = e4m3(x / s), the IEEE quotient (triton_numerics.divide), nearest or stochastic with
-           the uniform of the element's flat index in the whole [..., N, K] tensor plus
-           ``rounding.offset``
+    amax = max(max|x| over the tile zero-padded, 1e-4)               (NaN anywhere -> NaN)
+    s    = div_rn(amax, 448) | 2**exponent(amax, e4m3, rule)       (scale_fmt float | ue8m0)
+    q    = e4m3(x / s), nearest or stochastic keyed on the flat index plus ``rounding.offset``
 """
 
 from __future__ import annotations
@@ -39,17 +31,24 @@ from ..triton_numerics import (
     wraps,
 )
 
-# launch configurations scripts/bench_formats.py sweeps (the first is the default); all give the same
-# bytes.  rows: tile rows per pass (128: the tile is loaded once and kept in registers; fewer: two
-# passes over row bands, the second reading the tile back from L2, which keeps stochastic
-# rounding's longer per-element arithmetic out of local-memory spills).
-TUNING: tuple[dict, ...] = ({"num_warps": 8}, {"num_warps": 4}, {"num_warps": 16}, {"num_warps": 8, "hw_cast": False})
-SR_TUNING: tuple[dict, ...] = ({"num_warps": 4, "rows": 16}, {"num_warps": 8, "rows": 32}, {"num_warps": 4, "rows": 32}, {"num_warps": 8, "rows": 16})
+# Launch configs that bench_formats.py --sweep times, row 0 the default (SR_TUNING: stochastic); all give the same bytes.
+TUNING: tuple[dict, ...] = (
+    {"num_warps": 8},  # default: one pass (rows unset), the tile in registers
+    {"num_warps": 4},  # more registers a thread
+    {"num_warps": 16},  # more loads in flight
+    {"num_warps": 8, "hw_cast": False},  # the assembled E4M3 byte, against the hardware cast
+)
+SR_TUNING: tuple[dict, ...] = (
+    {"num_warps": 4, "rows": 16},  # default: 16-row bands keep stochastic rounding's arithmetic from spilling
+    {"num_warps": 8, "rows": 32},  # wider bands, more warps
+    {"num_warps": 4, "rows": 32},  # wider bands
+    {"num_warps": 8, "rows": 16},  # more warps
+)
 
 
 @triton.jit
 def _band(r0, ROWS: tl.constexpr, BLOCK: tl.constexpr, n_rows, n_cols, K):
-    """Row band [r0, r0 + ROWS) of a tile: (int32 offsets inside the tile, mask)."""
+    """Rows [r0, r0 + ROWS) of a tile: (offsets, mask)."""
     r = r0 + tl.arange(0, ROWS)
     c = tl.arange(0, BLOCK)
     return r[:, None] * K + c[None, :], (r[:, None] < n_rows) & (c[None, :] < n_cols)
@@ -65,23 +64,23 @@ def _fp8_block_quant_kernel(
     per_mat = tiles_n * tiles_k
     tn = (pid % per_mat) // tiles_k
     tk = pid % tiles_k
-    base = (pid // per_mat) * N * K + tn * BLOCK * K + tk * BLOCK  # flat index of the tile's corner, int64
+    base = (pid // per_mat) * N * K + tn * BLOCK * K + tk * BLOCK  # int64
     n_rows, n_cols = N - tn * BLOCK, K - tk * BLOCK
-    if ROWS == BLOCK:  # one pass: the tile stays in registers
+    if ROWS == BLOCK:
         off, mask = _band(0, ROWS, BLOCK, n_rows, n_cols, K)
         x = tl.load(x_ptr + base + off, mask=mask, other=0.0).to(tl.float32)
-        s = fp8_block_scale(abs_max(abs_max(x, 1), 0), UE8M0, RCEIL)  # padding zeros never change an amax
+        s = fp8_block_scale(abs_max(abs_max(x, 1), 0), UE8M0, RCEIL)
         v = divide(x, s, tl.math.div_rn(1.0, s), UE8M0)
-        rnd = tl.zeros_like(off).to(tl.uint32)  # unused when rounding to nearest
+        rnd = tl.zeros_like(off).to(tl.uint32)
         if STOCHASTIC:
             rnd = random20(base + offset, off, k0, k1, WRAP)
         tl.store(q_ptr + base + off, e4m3_code(v, rnd, STOCHASTIC, HW_CAST), mask=mask)
-    else:  # amax over row bands, then quantize band by band (the tile read back from L2)
+    else:  # two passes over row bands, the second reading from L2
         acc = tl.zeros([ROWS, BLOCK], dtype=tl.int32)
         for r0 in range(0, BLOCK, ROWS):
             off, mask = _band(r0, ROWS, BLOCK, n_rows, n_cols, K)
             x = tl.load(x_ptr + base + off, mask=mask, other=0.0).to(tl.float32)
-            acc = tl.maximum(acc, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)  # |x| bits: NaN above inf
+            acc = tl.maximum(acc, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)  # as abs_max
         amax = tl.max(tl.max(acc, 1), 0).to(tl.float32, bitcast=True)
         s = fp8_block_scale(amax, UE8M0, RCEIL)
         inv = tl.math.div_rn(1.0, s)
@@ -108,12 +107,8 @@ def quantize_weight(
     rows: int | None = None,
     hw_cast: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., N, K] -> (F8_E4M3 [..., N, K], F32 scale_inv [..., ceil(N/128), ceil(K/128)]).
-
-    ``num_warps``, ``rows``: launch configuration (None: TUNING[0] when rounding to nearest,
-    SR_TUNING[0] when stochastic); ``hw_cast``: round to E4M3 with the hardware cast (None:
-    where exact, see triton_numerics).
-    """
+    """[..., N, K] -> (F8_E4M3 [..., N, K], F32 scale_inv [..., ceil(N/128), ceil(K/128)]); ``num_warps``, ``rows``:
+    a tuning row (None: the default)."""
     if scale_fmt not in fp8_block.SCALE_FMTS:
         raise ValueError(f"scale format must be one of {fp8_block.SCALE_FMTS}, not {scale_fmt!r}")
     e8m0.check_rule(rule)

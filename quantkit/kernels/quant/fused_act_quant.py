@@ -1,25 +1,8 @@
-"""Triton backends of the fused activation-quantization ops (:mod:`.fused_act_quant_ref` defines
-them): RMSNorm or the MLP activation computed and quantized in one pass, so the activation is
-never written out in bf16 and read back.
-
-Layouts: x [..., K] / gate, up [..., I] / gate_up [..., 2I] are read as [M, K] rows (each row
-contiguous along K; rows may be strided, so [gate | up] halves and interleaved views need no
-copy); q E4M3 [..., K] and scales [..., ceil(K/G)] contiguous, G = 128 (fp8-block, F32 scales,
-partial last group zero-padded) or 32 (mxfp8, U8 E8M0).
-
-* ``_rmsnorm_quant_kernel``: one program per BLOCK_M rows covering the whole row.  Pass 1 loops
-  over K in 128-wide chunks (UNROLL chunks loaded per step, added in order) accumulating x**2
-  per lane, then adds the 128 lanes pairwise (the reference's specified order); pass 2 re-reads
-  the row (from L2) group by group, normalises, rounds to the activation dtype, quantizes and
-  stores bytes and scales.
-* ``_act_quant_kernel``: one program per [BLOCK_M rows, GROUPS groups] tile (no row-wide
-  reduction): loads gate and up, applies SiLU-and-mul or GPT-OSS's SwiGLU op by op, quantizes.
-
-Numerics, bit for bit: every float32 step is an IEEE operation in the reference's order --
-divisions ``div_rn``, square roots ``sqrt_rn``, no FMA contraction (launched with
-``enable_fp_fusion=False``), exp as the reference's Cephes polynomial, rounding to bfloat16 from
-the float32 bits (RNE; the interpreter's own cast mishandles subnormals); quantization as
-:mod:`.group_quant` (amax, scale, IEEE quotient, E4M3 nearest, from :mod:`.triton_numerics`).
+"""Triton backends of :mod:`.fused_act_quant_ref`: RMSNorm or the MLP activation computed and quantized in one pass,
+so the activation never goes through memory in bf16.  Rows may be strided, so [gate | up] halves and interleaved views
+need no copy.  ``_rmsnorm_quant_kernel`` takes whole rows: pass 1 sums squares, pass 2 reads the row again (from L2)
+to normalise and quantize.  Bit for bit: each float32 step is the reference's IEEE operation in its order (no FMA:
+``enable_fp_fusion=False``).
 """
 
 from __future__ import annotations
@@ -31,7 +14,7 @@ import triton.language as tl
 from ...formats import e8m0, fp8_block, mxfp8
 from .. import dispatch
 from . import fused_act_quant_ref as ref
-from .group_quant import MODE_FLOAT, MODE_MX, MODE_UE8M0, quant_outputs, store_scales  # shared with the plain quantizer
+from .group_quant import MODE_FLOAT, MODE_MX, MODE_UE8M0, quant_outputs, store_scales
 from ..triton_numerics import (
     PRIORITY,
     abs_max,
@@ -56,20 +39,24 @@ LOG2E: tl.constexpr = tl.constexpr(ref.LOG2E)
 EXP_C1: tl.constexpr = tl.constexpr(ref.EXP_C1)
 EXP_C2: tl.constexpr = tl.constexpr(ref.EXP_C2)
 P0, P1, P2, P3, P4, P5 = (tl.constexpr(c) for c in ref.EXP_P)
-# launch configurations scripts/bench_fused_quant.py --sweep times (the first is the default); all give the same bytes
+# Launch configs that bench_fused_quant.py --sweep times, row 0 the default; all give the same bytes.
 NORM_TUNING: tuple[dict, ...] = (
-    {"block_m": 4, "unroll": 4, "groups": 8, "num_warps": 4},
-    {"block_m": 8, "unroll": 4, "groups": 4, "num_warps": 8},
-    {"block_m": 2, "unroll": 8, "groups": 8, "num_warps": 4},
-    {"block_m": 1, "unroll": 8, "groups": 16, "num_warps": 4},
-    {"block_m": 16, "unroll": 2, "groups": 2, "num_warps": 8},
+    {"block_m": 4, "unroll": 4, "groups": 8, "num_warps": 4},  # default
+    {"block_m": 8, "unroll": 4, "groups": 4, "num_warps": 8},  # more rows a program
+    {"block_m": 2, "unroll": 8, "groups": 8, "num_warps": 4},  # fewer rows, more loads in flight
+    {"block_m": 1, "unroll": 8, "groups": 16, "num_warps": 4},  # one row a program: the most programs at small M
+    {"block_m": 16, "unroll": 2, "groups": 2, "num_warps": 8},  # the fewest programs
 )
-ACT_TUNING: tuple[dict, ...] = ({"tile": (8, 4), "num_warps": 4}, {"tile": (16, 4), "num_warps": 8}, {"tile": (4, 8), "num_warps": 4})
+ACT_TUNING: tuple[dict, ...] = (
+    {"tile": (8, 4), "num_warps": 4},  # default: 4096 elements a program
+    {"tile": (16, 4), "num_warps": 8},  # twice the elements, half the programs
+    {"tile": (4, 8), "num_warps": 4},  # longer row segments
+)
 
 
 @triton.jit
 def exp_f32(x):
-    """fused_act_quant_ref.exp_f32 (Cephes expf), op for op."""
+    """fused_act_quant_ref.exp_f32, op for op."""
     xc = tl.clamp(x, EXP_LO, EXP_HI, propagate_nan=tl.PropagateNan.ALL)
     nf = tl.floor(xc * LOG2E + 0.5)
     r = (xc - nf * EXP_C1) - nf * EXP_C2
@@ -82,7 +69,7 @@ def exp_f32(x):
 
 @triton.jit
 def pair_sum(acc, BLOCK_M: tl.constexpr):
-    """[BLOCK_M, LANES] -> [BLOCK_M]: lanes (2j, 2j+1) added, LOG2_LANES rounds (the reference's order)."""
+    """[BLOCK_M, LANES] -> [BLOCK_M], lanes added pairwise as the reference."""
     for i in tl.static_range(LOG2_LANES):
         a, b = tl.split(tl.reshape(acc, (BLOCK_M, LANES >> (i + 1), 2)))
         acc = a + b
@@ -91,16 +78,16 @@ def pair_sum(acc, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def quantize_groups(y, MODE: tl.constexpr, RCEIL: tl.constexpr, HW_CAST: tl.constexpr):
-    """float32 y [BM, GR, G] (zero where masked) -> (E4M3 bytes [BM, GR, G], scales [BM, GR]), as group_quant."""
+    """float32 y [BM, GR, G], zero where masked -> (E4M3 bytes, scales [BM, GR]) as group_quant."""
     amax = abs_max(y, 2)
     if MODE == 0:
         k = e8m0_exponent(amax, 8, 0x600000, RCEIL)
         s = pow2(tl.minimum(k, 127))
-        s_out = (k + 127).to(tl.uint8)  # k = 128 (NaN/Inf amax) -> 0xFF
+        s_out = (k + 127).to(tl.uint8)
     else:
         s = fp8_block_scale(amax, MODE == 2, RCEIL)
         s_out = s
-    inv = tl.math.div_rn(1.0, s)  # once per group, then broadcast
+    inv = tl.math.div_rn(1.0, s)  # once per group
     v = divide(y, s[:, :, None], inv[:, :, None], MODE != 1)
     return e4m3_code(v, v, False, HW_CAST), s_out
 
@@ -114,11 +101,11 @@ def _rmsnorm_quant_kernel(
     row0 = tl.program_id(0).to(tl.int64) * BLOCK_M
     r = tl.arange(0, BLOCK_M)
     rmask = r < M - row0
-    rows = row0 + r  # int64 [BM]
+    rows = row0 + r  # int64
     lane = tl.arange(0, LANES)
     acc = tl.zeros([BLOCK_M, LANES], tl.float32)
-    for k0 in range(0, K, LANES * UNROLL):  # pass 1: sum of squares, lane j adds x[j], x[j+128], ... in order
-        for u in tl.static_range(UNROLL):  # UNROLL independent loads in flight, added in sequence
+    for k0 in range(0, K, LANES * UNROLL):  # pass 1, in the reference's order
+        for u in tl.static_range(UNROLL):  # loads in flight together, added in sequence
             cols = k0 + u * LANES + lane
             x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=rmask[:, None] & (cols < K)[None, :], other=0.0)
             x = x.to(tl.float32)
@@ -128,12 +115,12 @@ def _rmsnorm_quant_kernel(
     g = tl.arange(0, GROUPS)
     cols0 = g[None, :, None] * G + tl.arange(0, G)[None, None, :]  # [1, GR, G]
     last = tl.program_id(0) == tl.num_programs(0) - 1
-    for gb in range(0, n_groups, GROUPS):  # pass 2: normalise, round, quantize group by group
+    for gb in range(0, n_groups, GROUPS):  # pass 2
         cols = gb * G + cols0
         mask = rmask[:, None, None] & (cols < K)
         x = tl.load(x_ptr + rows[:, None, None] * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-        h = bf16_round(x * rstd, ROUND_H)  # order "hf": h.to(bfloat16) before the weight
+        h = bf16_round(x * rstd, ROUND_H)  # order "hf" rounds h before the weight
         y = bf16_round(w * h, ROUND_Y)
         codes, s_out = quantize_groups(tl.where(mask, y, 0.0), MODE, RCEIL, HW_CAST)
         tl.store(q_ptr + rows[:, None, None] * K + cols, codes, mask=mask)
@@ -142,14 +129,14 @@ def _rmsnorm_quant_kernel(
 
 @triton.jit
 def _silu_mul(g, u, ROUND: tl.constexpr):
-    """fused_act_quant_ref.silu_mul: silu in float32, rounded, times up, rounded."""
+    """fused_act_quant_ref.silu_mul, op for op."""
     s = bf16_round(tl.math.div_rn(g, 1.0 + exp_f32(-g)), ROUND)
     return bf16_round(s * u, ROUND)
 
 
 @triton.jit
 def _swiglu(g, u, alpha, limit, ROUND: tl.constexpr):
-    """fused_act_quant_ref.swiglu, op for op (each op rounded to the activation dtype)."""
+    """fused_act_quant_ref.swiglu, op for op."""
     g = tl.minimum(g, limit, propagate_nan=tl.PropagateNan.ALL)
     u = tl.maximum(tl.minimum(u, limit, propagate_nan=tl.PropagateNan.ALL), -limit, propagate_nan=tl.PropagateNan.ALL)
     t = bf16_round(g * alpha, ROUND)
@@ -184,18 +171,18 @@ def _act_quant_kernel(
     store_scales(s_ptr, s_out, row0 + r, grp0 + g, M, n_groups, ss_m, ss_g, m_pad, last)
 
 
-# ---- launchers ----------------------------------------------------------------------------------
+# ---- launchers
 
 
 def _mode(fmt: str, scale_fmt: str) -> tuple[int, int, torch.dtype]:
-    """(MODE, group size, scale dtype) of an activation format."""
+    """(MODE, group size, scale dtype) of a format."""
     if fmt == "mxfp8":
         return MODE_MX, mxfp8.BLOCK, torch.uint8
     return (MODE_UE8M0 if scale_fmt == "ue8m0" else MODE_FLOAT), fp8_block.BLOCK, torch.float32
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
-    """[..., K] -> a 2-D [M, K] view with unit stride along K (a copy only when no such view exists)."""
+    """[..., K] -> [M, K] with unit stride along K, a view where one exists."""
     t2 = t.reshape(-1, t.shape[-1])
     return t2 if t2.stride(-1) == 1 or t2.shape[-1] == 1 else t2.contiguous()
 
@@ -205,13 +192,12 @@ def rmsnorm_act_quant(
     x: torch.Tensor, weight: torch.Tensor, eps: float, fmt: str, scale_fmt: str = "float", rule: str = e8m0.DEFAULT_RULE, order: str = "hf",
     *, scale_mn: bool = False, block_m: int = 4, unroll: int = 4, groups: int = 8, num_warps: int = 4, hw_cast: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """act_quant(RMSNorm(x)) in one kernel; ``block_m`` rows per program, ``unroll`` 128-chunks per
-    pass-1 step, ``groups`` groups per pass-2 step (none changes the bytes); ``scale_mn`` as in the reference."""
+    """act_quant(RMSNorm(x)) in one kernel, launched as a :data:`NORM_TUNING` row."""
     ref.check_norm(x, weight, eps, fmt, scale_fmt, rule, order, scale_mn)
     mode, group, scale_dtype = _mode(fmt, scale_fmt)
     k = x.shape[-1]
     x2, w = _rows(x), weight.contiguous()
-    q, s, s_strides = quant_outputs(tuple(x.shape[:-1]), k, group, scale_dtype, x.device, scale_mn)  # MN-major: fp8-block only (ref.check_fmt)
+    q, s, s_strides = quant_outputs(tuple(x.shape[:-1]), k, group, scale_dtype, x.device, scale_mn)
     m, n_groups = x2.shape[0], cdiv(k, group)
     out_dtype = torch.promote_types(weight.dtype, x.dtype) if order == "hf" else x.dtype
     block_m = min(block_m, next_pow2(max(m, 1)))
@@ -231,7 +217,7 @@ def _launch_act(
     tile: tuple[int, int], num_warps: int, hw_cast: bool | None, scale_mn: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     mode, group, scale_dtype = _mode(fmt, scale_fmt)
-    (m, n), n_groups = gate.shape, cdiv(gate.shape[1], group)  # gate, up: [M, N] views, unit column stride or 2
+    (m, n), n_groups = gate.shape, cdiv(gate.shape[1], group)  # [M, N] views, column stride 1 or 2
     q, s, s_strides = quant_outputs(lead, n, group, scale_dtype, gate.device, scale_mn)
     block_m = min(tile[0], next_pow2(max(m, 1)))
     groups = min(tile[1], next_pow2(n_groups))
@@ -250,7 +236,7 @@ def silu_mul_act_quant(
     gate: torch.Tensor, up: torch.Tensor, fmt: str, scale_fmt: str = "float", rule: str = e8m0.DEFAULT_RULE,
     *, scale_mn: bool = False, tile: tuple[int, int] = (8, 4), num_warps: int = 4, hw_cast: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """act_quant(silu(gate) * up) in one kernel; ``tile`` = (rows, groups) per program."""
+    """act_quant(silu(gate) * up) in one kernel, launched as an :data:`ACT_TUNING` row."""
     ref.check_gate_up(gate, up, fmt, scale_fmt, rule, scale_mn)
     return _launch_act(gate.shape[:-1], _rows(gate), _rows(up), ACT_SILU, fmt, scale_fmt, rule, 0.0, 0.0, tile, num_warps, hw_cast, scale_mn)
 
@@ -260,8 +246,8 @@ def swiglu_act_quant(
     gate_up: torch.Tensor, fmt: str, scale_fmt: str = "float", rule: str = e8m0.DEFAULT_RULE, alpha: float = 1.702, limit: float = 7.0,
     *, scale_mn: bool = False, tile: tuple[int, int] = (8, 4), num_warps: int = 4, hw_cast: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """act_quant(GPT-OSS SwiGLU(gate_up)) in one kernel, interleaved gate_up [..., 2I]."""
+    """act_quant(GPT-OSS SwiGLU(gate_up)) in one kernel."""
     ref.check_interleaved(gate_up, fmt, scale_fmt, rule, scale_mn)
     gu = _rows(gate_up)
-    lim = float(torch.tensor(limit, dtype=gate_up.dtype))  # torch's clamp compares with the limit in the tensor's dtype
+    lim = float(torch.tensor(limit, dtype=gate_up.dtype))  # torch's clamp compares in the tensor's dtype
     return _launch_act(gate_up.shape[:-1], gu[:, 0::2], gu[:, 1::2], ACT_SWIGLU, fmt, scale_fmt, rule, ref.f32(alpha), lim, tile, num_warps, hw_cast, scale_mn)

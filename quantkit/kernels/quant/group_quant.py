@@ -1,19 +1,10 @@
-"""Triton 1xG group quantization along K: MXFP8 (G = 32, E8M0 scales; weights and activations)
-and DeepSeek's per-token per-128 activation quantization (``act_quant``, F32 or UE8M0 scales).
+"""Triton 1xG group quantization along K: MXFP8 (G = 32, E8M0 scales) and DeepSeek's per-token ``act_quant``
+(G = 128, F32 or UE8M0 scales).
 
-Layout: x [..., K] is read as [M, K] (leading dims flattened, contiguous); q E4M3 [..., K];
-scales [..., ceil(K/G)], U8 E8M0 for MXFP8 (compressed-tensors ``weight_scale``, K % 32 == 0)
-and F32 for fp8-block (DeepSeek inference/kernel.py act_quant; a partial last group is
-zero-padded for its amax).  Each program quantizes a [BLOCK_M, GROUPS, G] tile: BLOCK_M rows
-and GROUPS consecutive groups of each row, so every row segment it touches is contiguous.
-
-Numerics, bit for bit (MODE picks the scale):
-* MODE_MX, :func:`formats.mxfp8.quantize`: k = exponent(amax, e4m3, rule), byte k + 127
-  (0xFF for NaN/Inf), q = e4m3(x / 2**min(k, 127)), nearest or stochastic (uniform of the
-  element's flat index in the whole tensor plus ``rounding.offset``);
-* MODE_FLOAT / MODE_UE8M0, :func:`formats.fp8_block.quantize_act`: amax floored at 1e-4,
-  s = div_rn(amax, 448) or 2**exponent(amax, e4m3, rule), q = e4m3(x / s) (nearest);
-x / s is the IEEE quotient (triton_numerics.divide).
+x [..., K] is read as [M, K]; q E4M3 [..., K]; scales [..., ceil(K/G)], U8 E8M0 (K % 32 == 0) or F32 (a partial last
+group zero-padded for its amax).  A program quantizes BLOCK_M rows x GROUPS groups.  Bit for bit with
+:func:`formats.mxfp8.quantize` (stochastic: keyed on the flat index plus ``rounding.offset``) and
+:func:`formats.fp8_block.quantize_act`.
 """
 
 from __future__ import annotations
@@ -47,32 +38,30 @@ from ..triton_numerics import (
     wraps,
 )
 
-MODE_MX, MODE_FLOAT, MODE_UE8M0 = 0, 1, 2  # the kernel's MODE (compared as literals inside it)
-# launch configurations scripts/bench_formats.py sweeps (the first is the default); all give the same
-# bytes.  tile = (rows, groups) per program, each cut down to the tensor's size.
+MODE_MX, MODE_FLOAT, MODE_UE8M0 = 0, 1, 2  # the kernel's MODE
+# Launch configs that bench_formats.py --sweep times, row 0 the default; all give the same bytes.
+# tile = (rows, groups) a program, cut to the tensor's size.
 MX_TUNING: tuple[dict, ...] = (
-    {"tile": (4, 32), "num_warps": 4},  # H200, GPT-OSS-120B experts: 1.66 ms vs 2.23 for (16, 8) (nearest)
-    {"tile": (16, 8), "num_warps": 4},
-    {"tile": (32, 8), "num_warps": 8},
-    {"tile": (8, 16), "num_warps": 4},
-    {"tile": (64, 4), "num_warps": 8},
-    {"tile": (16, 8), "num_warps": 4, "hw_cast": False},  # the assembled E4M3 byte, for comparison
+    {"tile": (4, 32), "num_warps": 4},  # default: the fastest on the H200 for GPT-OSS-120B experts
+    {"tile": (16, 8), "num_warps": 4},  # the same 4096 elements in shorter row segments
+    {"tile": (32, 8), "num_warps": 8},  # twice the elements, half the programs
+    {"tile": (8, 16), "num_warps": 4},  # between the first two
+    {"tile": (64, 4), "num_warps": 8},  # the shortest row segments
+    {"tile": (16, 8), "num_warps": 4, "hw_cast": False},  # the assembled E4M3 byte, against the hardware cast
 )
 ACT_TUNING: tuple[dict, ...] = (
-    {"tile": (8, 4), "num_warps": 4},
-    {"tile": (4, 8), "num_warps": 4},
-    {"tile": (16, 4), "num_warps": 8},
-    {"tile": (1, 8), "num_warps": 4},
-    {"tile": (32, 1), "num_warps": 4},
-    {"tile": (8, 4), "num_warps": 4, "hw_cast": False},
+    {"tile": (8, 4), "num_warps": 4},  # default: 4096 elements a program
+    {"tile": (4, 8), "num_warps": 4},  # the same in longer row segments
+    {"tile": (16, 4), "num_warps": 8},  # twice the elements, half the programs
+    {"tile": (1, 8), "num_warps": 4},  # one row a program
+    {"tile": (32, 1), "num_warps": 4},  # one group a program
+    {"tile": (8, 4), "num_warps": 4, "hw_cast": False},  # the assembled E4M3 byte, against the hardware cast
 )
 
 
 @triton.jit
 def store_scales(s_ptr, s_out, rows, grps, M, n_groups, ss_m, ss_g, m_pad, last):
-    """Store scales s_out [BM, GR] of rows [BM] (int64) x groups [GR] at strides (ss_m, ss_g): contiguous
-    (n_groups, 1) or MN-major (1, m_pad).  MN-major with padding (m_pad > M): the ``last`` row program
-    also zeroes the padding columns M..m_pad-1 of its groups (fewer than 4)."""
+    """Store scales [BM, GR] at strides (ss_m, ss_g); MN-major, the ``last`` program zeroes the padding columns too."""
     gmask = grps < n_groups
     tl.store(s_ptr + rows[:, None] * ss_m + grps[None, :] * ss_g, s_out, mask=(rows < M)[:, None] & gmask[None, :])
     if last & (m_pad > M):
@@ -84,9 +73,7 @@ def store_scales(s_ptr, s_out, rows, grps, M, n_groups, ss_m, ss_g, m_pad, last)
 def quant_outputs(
     lead: tuple[int, ...], k: int, group: int, scale_dtype: torch.dtype, device: torch.device, scale_mn: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int, int]]:
-    """E4M3 [*lead, K] and scales [*lead, ceil(K/group)] for a quantizer to fill -- contiguous, or F32 MN-major
-    (:func:`quantkit.formats.fp8_block.empty_act_scales`) -- and the scales' (row stride, group stride, padded
-    rows) as :func:`store_scales` takes them."""
+    """E4M3 [*lead, K], scales [*lead, ceil(K/group)] and the scales' layout for :func:`store_scales`."""
     n_groups, m = cdiv(k, group), math.prod(lead)
     q = torch.empty((*lead, k), dtype=torch.float8_e4m3fn, device=device)
     if scale_mn:
@@ -105,14 +92,14 @@ def _group_quant_kernel(
     pdl_enter(PDL)
     row0 = tl.program_id(0).to(tl.int64) * BLOCK_M
     grp0 = tl.program_id(1) * GROUPS
-    base = row0 * K + grp0 * G  # flat index of the tile's first element, int64
+    base = row0 * K + grp0 * G  # int64; offsets inside the tile stay int32
     r = tl.arange(0, BLOCK_M)
     g = tl.arange(0, GROUPS)
-    cols = g[None, :, None] * G + tl.arange(0, G)[None, None, :]  # [1, GR, G], int32 from the tile start
+    cols = g[None, :, None] * G + tl.arange(0, G)[None, None, :]  # [1, GR, G]
     mask = (r[:, None, None] < M - row0) & (cols < K - grp0 * G)
-    off = r[:, None, None] * K + cols  # int32 offsets inside the tile
+    off = r[:, None, None] * K + cols
     live = mask
-    if LIVE:  # rows at or past *live_ptr are not read: they quantize as zeros (an MoE buffer's unused capacity)
+    if LIVE:  # rows at or past *live_ptr quantize as zeros, unread
         live = mask & (r[:, None, None] < tl.load(live_ptr) - row0)
     x = tl.load(x_ptr + base + off, mask=live, other=0.0).to(tl.float32)
 
@@ -120,14 +107,14 @@ def _group_quant_kernel(
     if MODE == 0:
         k = e8m0_exponent(amax, 8, 0x600000, RCEIL)
         s = pow2(tl.minimum(k, 127))
-        inv = pow2(-tl.minimum(k, 127))  # exact: k >= -127
-        s_out = (k + 127).to(tl.uint8)  # k in [-127, 128]: 128 -> 0xFF
+        inv = pow2(-tl.minimum(k, 127))
+        s_out = (k + 127).to(tl.uint8)  # NaN/Inf (k = 128) -> 0xFF
     else:
         s = fp8_block_scale(amax, MODE == 2, RCEIL)
-        inv = tl.math.div_rn(1.0, s)  # once per group, before broadcasting
+        inv = tl.math.div_rn(1.0, s)  # once per group
         s_out = s
     v = divide(x, s[:, :, None], inv[:, :, None], MODE != 1)
-    rnd = tl.zeros_like(off).to(tl.uint32)  # unused when rounding to nearest
+    rnd = tl.zeros_like(off).to(tl.uint32)
     if STOCHASTIC:
         rnd = random20(base + offset, off, k0, k1, WRAP)
     tl.store(q_ptr + base + off, e4m3_code(v, rnd, STOCHASTIC, HW_CAST), mask=mask)
@@ -149,7 +136,7 @@ def _launch(
     k = x.shape[-1]
     m = x.numel() // k if k else 0
     n_groups = cdiv(k, group)
-    q, s, s_strides = quant_outputs(tuple(x.shape[:-1]), k, group, scale_dtype, x.device, scale_mn)  # [..., K], [..., ceil(K/G)]
+    q, s, s_strides = quant_outputs(tuple(x.shape[:-1]), k, group, scale_dtype, x.device, scale_mn)
     block_m = min(tile[0], next_pow2(max(m, 1)))
     groups = min(tile[1], next_pow2(max(n_groups, 1)))
     k0, k1 = stream_key_i32(rounding)
@@ -178,13 +165,8 @@ def mxfp8_quantize(
     pdl: bool = False,
     live_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., K] -> (F8_E4M3 [..., K], U8 E8M0 [..., K/32]).
-
-    ``tile`` = (rows, groups) per program; ``hw_cast``: E4M3 by the hardware cast (None: where exact);
-    ``pdl``: launched as a programmatic dependent (:func:`.triton_numerics.pdl_enter`; compiled sm_90+ only);
-    ``live_rows``: int32 [1] on x's device, read there (no host sync): the (flattened) rows at or past it are not
-    read and quantize as zeros -- an MoE buffer's capacity past its alignment's ``num_padded``, never written.
-    """
+    """[..., K] -> (F8_E4M3 [..., K], U8 E8M0 [..., K/32]), launched as an :data:`MX_TUNING` row; ``live_rows``:
+    int32 [1] on x's device, rows at or past it quantize as zeros unread (an MoE buffer's spare rows)."""
     k = x.shape[-1]
     if k % mxfp8.BLOCK:
         raise ValueError(f"MXFP8 needs K to be a multiple of {mxfp8.BLOCK}, got {k}")
@@ -205,8 +187,7 @@ def act_quant_fp8_block(
     scale_mn: bool = False,
     live_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., K] -> (F8_E4M3 [..., K], F32 scales [..., ceil(K/group)]), DeepSeek act_quant; ``pdl`` and ``live_rows``
-    as in :func:`mxfp8_quantize`; ``scale_mn``: the scales MN-major (:func:`quantkit.formats.fp8_block.empty_act_scales`)."""
+    """[..., K] -> (F8_E4M3 [..., K], F32 [..., ceil(K/group)]), DeepSeek act_quant; else as :func:`mxfp8_quantize`."""
     if scale_fmt not in fp8_block.SCALE_FMTS:
         raise ValueError(f"scale format must be one of {fp8_block.SCALE_FMTS}, not {scale_fmt!r}")
     mode = MODE_UE8M0 if scale_fmt == "ue8m0" else MODE_FLOAT

@@ -1,18 +1,9 @@
-"""Triton MXFP4 decode: GPT-OSS ``*_blocks`` U8 [..., out, G, 16] + ``*_scales`` U8 [..., out, G]
--> [..., out, G*32] (out x in, as the gpt-oss reference keeps it), float32/bfloat16/float16.
+"""Triton MXFP4 decode: GPT-OSS ``*_blocks`` U8 [..., out, G, 16] + ``*_scales`` U8 [..., out, G] -> [..., out, G*32].
 
-Layout (transformers integrations/mxfp4.py, openai/gpt-oss torch/weights.py): each byte holds
-element 2j in its LOW nibble and 2j+1 in its HIGH nibble; one E8M0 scale per 32 elements along
-the input dim.  Flattened, the blocks are [NB, 16] bytes, the scales [NB] and the output
-[NB, 32]: one MX block per row, whatever the leading (expert, out) dims.
-
-Numerics of :func:`formats.mxfp4.decode`: the E2M1 value is built from its code's bits
-(bit 3 sign, bits 2-1 exponent, bit 0 mantissa; exponent 0 is 0 or 0.5), multiplied in float32
-by 2**(scale-127) (exact, or the same overflow/NaN as the reference), then cast to the output
-dtype with round-to-nearest-even.  Every product has at most two significant bits and lies in
-bfloat16's range (2**-128 .. 6 * 2**127, else inf), so for bfloat16 output the cast is exactly
-the top 16 bits of the float32; the kernel stores those bits (the interpreter's float32 ->
-bfloat16 cast mishandles float32 subnormals, which scale byte 0 produces).
+Element 2j in a byte's low nibble, 2j+1 in its high one; one E8M0 scale per 32 inputs (openai/gpt-oss).  Bit for
+bit with :func:`formats.mxfp4.decode`: value times 2**(scale-127) in float32, cast RNE.  A product has at most two
+significant bits, so its bfloat16 is the float32's top 16 bits, which the kernel stores: the interpreter's cast
+mishandles the subnormals scale byte 0 gives.
 """
 
 from __future__ import annotations
@@ -25,38 +16,38 @@ from .. import dispatch
 from ..triton_numerics import PRIORITY, available, cdiv, e8m0_decode
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# launch configurations scripts/bench_formats.py sweeps (the first is the default); all give the same bytes
+# Launch configs that bench_formats.py --sweep times, row 0 the default; all give the same bytes.
 TUNING: tuple[dict[str, int], ...] = (
-    {"block_n": 128, "num_warps": 4},
-    {"block_n": 64, "num_warps": 4},
-    {"block_n": 256, "num_warps": 4},
-    {"block_n": 256, "num_warps": 8},
-    {"block_n": 512, "num_warps": 8},
+    {"block_n": 128, "num_warps": 4},  # default: 128 MX blocks (4096 outputs) a program
+    {"block_n": 64, "num_warps": 4},  # more programs
+    {"block_n": 256, "num_warps": 4},  # fewer programs
+    {"block_n": 256, "num_warps": 8},  # fewer programs, more warps
+    {"block_n": 512, "num_warps": 8},  # fewest programs
 )
 
 
 @triton.jit
 def e2m1_value(c):
-    """int32 E2M1 code 0..15 -> float32 value (formats.mxfp4.FP4_VALUES[c])."""
+    """int32 E2M1 code -> float32 value (formats.mxfp4.FP4_VALUES[c])."""
     e = (c >> 1) & 3
     m = c & 1
-    mag = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22))  # 0 / 0.5, or 2**(e-1) * 1.m
+    mag = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22))  # 0 or 0.5; 2**(e-1) * 1.m
     return (mag | ((c & 8) << 28)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _mxfp4_decode_kernel(blocks_ptr, scales_ptr, out_ptr, n_blocks, BLOCK_N: tl.constexpr, BF16_BITS: tl.constexpr):
-    first = tl.program_id(0).to(tl.int64) * BLOCK_N  # first MX block of this program (int64 base;
-    blocks_ptr += first * 16  # the offsets inside the tile stay int32)
+    first = tl.program_id(0).to(tl.int64) * BLOCK_N  # int64; offsets inside the tile stay int32
+    blocks_ptr += first * 16
     scales_ptr += first
     out_ptr += first * 32
     r = tl.arange(0, BLOCK_N)
     rmask = r < n_blocks - first
     packed = tl.load(blocks_ptr + r[:, None] * 16 + tl.arange(0, 16)[None, :], mask=rmask[:, None], other=0).to(tl.int32)
-    codes = tl.interleave(packed & 0xF, packed >> 4)  # [BLOCK_N, 32]: element 2j = low nibble
+    codes = tl.interleave(packed & 0xF, packed >> 4)  # [BLOCK_N, 32]
     scale = e8m0_decode(tl.load(scales_ptr + r, mask=rmask, other=127).to(tl.int32))
     out = e2m1_value(codes) * scale[:, None]
-    if BF16_BITS:  # out_ptr is the bfloat16 output viewed as int16
+    if BF16_BITS:  # out_ptr: the bfloat16 output as int16
         out = (out.to(tl.int32, bitcast=True) >> 16).to(tl.int16)
     else:
         out = out.to(out_ptr.dtype.element_ty)

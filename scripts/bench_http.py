@@ -38,7 +38,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2, help="requests per client at each concurrency")
     p.add_argument("--vocab", type=int, default=1000, help="prompt ids are drawn from [100, 100 + vocab)")
     p.add_argument("--engine-results", type=Path, default=None)
-    p.add_argument("--lookahead", action="store_true", help="the server runs --lookahead: compare with the engine's lookahead rows")
+    p.add_argument("--no-lookahead", dest="lookahead", action="store_false",
+                   help="the server runs --no-lookahead: compare with the engine's sync rows (default: its lookahead rows)")
     a = p.parse_args()
     a.concurrency = [int(c) for c in a.concurrency.split(",")]
     u = urlparse(a.url)

@@ -47,7 +47,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--hbm-gbs", type=float, default=4800.0, help="peak HBM GB/s (H200: 4800)")
     p.add_argument("--no-http", action="store_true")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (the engine's eager decode step)")
-    p.add_argument("--lookahead", action="store_true", help="graphed decode steps launched one ahead of the host (LLMEngine lookahead)")
+    p.add_argument("--no-lookahead", dest="lookahead", action="store_false",
+                   help="every graphed decode step waits for its tokens (default: launched one ahead, as quantkit serve runs)")
     p.add_argument("--prefill", default="", help="comma list of single-prompt prefill lengths to time (e.g. 8192,32768)")
     p.add_argument("--profile", action="store_true", help="write a torch profile of one decode step at the first concurrency")
     p.add_argument("--plot", action="store_true", help="write serve.png: output tokens/s and share of the HBM floor against C")
@@ -114,7 +115,7 @@ def new_engine(model, eos, c: int, a):
 
     blocks = c * (-(-(a.prompt_len + a.gen) // 16)) + 9  # + the graphs' scratch block
     eng = LLMEngine(model, blocks, 16, max_num_seqs=c, max_num_batched_tokens=max(8192, a.prompt_len), eos_ids=eos,
-                    enforce_eager=getattr(a, "enforce_eager", False), lookahead=getattr(a, "lookahead", False))
+                    enforce_eager=getattr(a, "enforce_eager", False), lookahead=getattr(a, "lookahead", True))
     eng.runner.capture()
     return eng
 

@@ -51,9 +51,9 @@ import click
               help="Sharded serving: how MoE layers exchange tokens (all-to-all: each token only to the ranks of its experts).")
 @click.option("--enforce-eager", is_flag=True, default=False,
               help="No CUDA graphs: every decode step runs eagerly (graphs are captured at start-up on a GPU otherwise).")
-@click.option("--lookahead", is_flag=True, default=False,
-              help="Launch graphed decode steps of plain-greedy requests one ahead of the host (experimental: not yet "
-                   "verified or timed on a GPU).")
+@click.option("--lookahead/--no-lookahead", default=True, show_default=True,
+              help="Launch graphed decode steps of plain-greedy requests one ahead of the host, which schedules the next "
+                   "step while the GPU runs this one (--no-lookahead: every step waits for its tokens).")
 def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model_name: str | None, max_model_len: int | None,
           max_num_seqs: int, max_num_batched_tokens: int, block_size: int, kv_cache_gib: float | None, gpu_memory_utilization: float,
           act_quant: bool, backend: str, api_key: str | None, prefix_caching: bool, max_request_bytes: int,

@@ -28,7 +28,7 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
           max_num_batched_tokens: int = 2048, block_size: int = 16, kv_cache_gib: float | None = None,
           gpu_memory_utilization: float = 0.9, act_quant: bool = True, backend: str = "auto",
           prefix_caching: bool = True, limits=None, dist_timeout_s: float = 300.0,
-          ep_exchange: str = "all-reduce", enforce_eager: bool = False, lookahead: bool = False) -> Server | Worker:
+          ep_exchange: str = "all-reduce", enforce_eager: bool = False, lookahead: bool = True) -> Server | Worker:
     """Load the checkpoint and bind the server (not serving yet: ``serve()`` or ``start_background()``).
 
     KV cache: ``kv_cache_gib`` when given; otherwise on CUDA what ``gpu_memory_utilization`` of the

@@ -45,12 +45,12 @@ class LLMEngine:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int = 16, max_num_seqs: int = 64,
                  max_num_batched_tokens: int = 2048, max_model_len: int | None = None, eos_ids: tuple[int, ...] = (),
                  prefix_caching: bool = True, cache: KVCache | None = None, enforce_eager: bool = False,
-                 lookahead: bool = False) -> None:
+                 lookahead: bool = True) -> None:
         """``cache``: the KV cache to schedule (the model's own, new, when None; sharded serving's front end
         gives the other DP groups' schedulers a cache of block tables alone, :class:`KVCache` of no layers).
         ``enforce_eager``: no CUDA graphs (:class:`quantkit.engine.runner.ModelRunner`).  ``lookahead``: graphed
-        decode steps of plain-greedy requests are launched one ahead (:meth:`step`; off by default until it is
-        verified and timed on a GPU: checked on the CPU through the static runner only)."""
+        decode steps of plain-greedy requests are launched one ahead (:meth:`step`), so the host schedules the next
+        step while the GPU runs this one."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"max_num_seqs and max_num_batched_tokens must be >= 1, got {max_num_seqs}, {max_num_batched_tokens}")
         self.model = model

@@ -83,19 +83,19 @@ def _rope_cache_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, slot_ptr, qo_ptr, 
     hh = tl.arange(0, BLOCK_H)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     d = 2 * HALF
-    if p < NQ:
-        h = (p * BLOCK_H + hh)[:, None]
-        _rotate_into(q_ptr + t * sq_t + h.to(tl.int64) * sq_h, qo_ptr + t * HQ * d + h.to(tl.int64) * d, j,
-                     (h < HQ) & (j < HALF)[None, :], cos_ptr, sin_ptr, t, HALF, INTERLEAVED, ROUND)  # fmt: skip
+    if p < NQ:  # a name bound in several branches must have one type when compiled: each branch has its own
+        hq = (p * BLOCK_H + hh)[:, None]
+        _rotate_into(q_ptr + t * sq_t + hq.to(tl.int64) * sq_h, qo_ptr + t * HQ * d + hq.to(tl.int64) * d, j,
+                     (hq < HQ) & (j < HALF)[None, :], cos_ptr, sin_ptr, t, HALF, INTERLEAVED, ROUND)  # fmt: skip
     elif p < NQ + NK:
-        h = ((p - NQ) * BLOCK_H + hh)[:, None]
-        _rotate_into(k_ptr + t * sk_t + h.to(tl.int64) * sk_h, kc_ptr + slot * HKV * d + h.to(tl.int64) * d, j,
-                     (h < HKV) & (j < HALF)[None, :], cos_ptr, sin_ptr, t, HALF, INTERLEAVED, ROUND)  # fmt: skip
+        hk = ((p - NQ) * BLOCK_H + hh)[:, None]
+        _rotate_into(k_ptr + t * sk_t + hk.to(tl.int64) * sk_h, kc_ptr + slot * HKV * d + hk.to(tl.int64) * d, j,
+                     (hk < HKV) & (j < HALF)[None, :], cos_ptr, sin_ptr, t, HALF, INTERLEAVED, ROUND)  # fmt: skip
     else:
-        h = (p - NQ - NK) * BLOCK_H + hh
-        mask = (h < HKV)[:, None] & (j < HALF)[None, :]
-        src = v_ptr + t * sv_t + h[:, None].to(tl.int64) * sv_h + j[None, :]
-        out = vc_ptr + slot * HKV * d + h[:, None].to(tl.int64) * d + j[None, :]
+        hv = (p - NQ - NK) * BLOCK_H + hh
+        mask = (hv < HKV)[:, None] & (j < HALF)[None, :]
+        src = v_ptr + t * sv_t + hv[:, None].to(tl.int64) * sv_h + j[None, :]
+        out = vc_ptr + slot * HKV * d + hv[:, None].to(tl.int64) * d + j[None, :]
         tl.store(out, tl.load(src, mask=mask, other=0.0).to(vc_ptr.dtype.element_ty), mask=mask)
         tl.store(out + HALF, tl.load(src + HALF, mask=mask, other=0.0).to(vc_ptr.dtype.element_ty), mask=mask)
 

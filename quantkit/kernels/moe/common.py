@@ -43,14 +43,19 @@ def add_bias(acc, bias_ptr, rows, col_ok, HAS_BIAS: tl.constexpr):
 def moe_mma(acc, a, w, sa, sw, W_UNIFORM: tl.constexpr, UPCAST: tl.constexpr, UP_DTYPE: tl.constexpr):
     """acc += (a * sa) @ (w * sw), a [BM, K] with row scales, w [K, BN] with one scale (W_UNIFORM) or one per column:
     promoted fp8 dot, or exact upcast operands (power-of-two scales)."""
+    # if / else, no early return: Triton traces the code after a return under a constexpr if, and a scalar sw
+    # indexed as sw[None, :] there does not compile
     if UPCAST:
         ab = (a.to(tl.float32) * sa[:, None]).to(UP_DTYPE)
         if W_UNIFORM:
             wb = (w.to(tl.float32) * sw).to(UP_DTYPE)
         else:
             wb = (w.to(tl.float32) * sw[None, :]).to(UP_DTYPE)
-        return tl.dot(ab, wb, acc)
-    d = tl.dot(a, w)
-    if W_UNIFORM:
-        return acc + d * (sa * sw)[:, None]
-    return acc + d * (sa[:, None] * sw[None, :])
+        out = tl.dot(ab, wb, acc)
+    else:
+        d = tl.dot(a, w)
+        if W_UNIFORM:
+            out = acc + d * (sa * sw)[:, None]
+        else:
+            out = acc + d * (sa[:, None] * sw[None, :])
+    return out

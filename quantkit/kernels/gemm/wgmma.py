@@ -95,12 +95,6 @@ def kernels() -> ModuleType:
     return gemm_wgmma_gluon
 
 
-@functools.cache
-def moe_kernels() -> ModuleType:
-    """The fused MoE's Gluon kernels, imported on first use."""
-    from ..moe import wgmma_gluon as gemm_wgmma_moe_gluon
-
-    return gemm_wgmma_moe_gluon
 
 
 def gluon_missing() -> str | None:

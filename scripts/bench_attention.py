@@ -2,7 +2,7 @@
 """Sink attention benchmark (GPT-OSS: 64 q / 8 kv heads, head_dim 64, sinks, window 128).
 
     python scripts/bench_attention.py --out OUT [--budget-s 240] [--fi-backends auto] [--no-sweep]
-        [--append [docs/benchmarks.md]] [--device cuda|cpu]
+        [--append FILE] [--device cuda|cpu]
 
 Timing, logging and result rows are scripts/bench_common.py's (``Bench``: do_bench median with L2
 flushed before every call, so the KV cache comes from HBM; decode also replayed from a CUDA graph,

@@ -42,8 +42,9 @@ def bench_parser(doc: str, budget_s: float, rep_ms: int, hbm: bool = False) -> a
     read): --out, --append, --device, --warmup-ms, --rep-ms, --budget-s (and --hbm-gbs)."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="directory for bench.log, results.jsonl, results.md")
-    p.add_argument("--append", nargs="?", const=str(ROOT / "docs" / "benchmarks.md"), default=None,
-                   help="append the report (default file: docs/benchmarks.md); never in a cpu run")  # fmt: skip
+    p.add_argument("--append", default=None, metavar="FILE",
+                   help="a markdown file to append the report to (never in a cpu run; docs/performance.md is checked "
+                        "against docs/results/, so new figures go there)")  # fmt: skip
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu = interpreter smoke run of this script")
     p.add_argument("--warmup-ms", type=int, default=10)
     p.add_argument("--rep-ms", type=int, default=rep_ms)

@@ -2,7 +2,7 @@
 """Convert benchmark: a full-width synthetic GPT-OSS-20B (MXFP4 experts), cut in depth, to fp8-block and mxfp8.
 
     python scripts/bench_convert.py --work /tmp/bench [--layers 2] [--targets fp8-block mxfp8]
-        [--device cpu|cuda] [--workers 1] [--fill fast|synth] [--append docs/benchmarks.md] [--keep]
+        [--device cpu|cuda] [--workers 1] [--fill fast|synth] [--append FILE] [--keep]
 
 Source: names, shapes, dtypes and config from ``quantkit.synth.plan("gpt-oss", "gpt-oss-20b")``
 (hidden 2880, 32 experts, vocab 201088; ``--layers`` cuts the depth).  ``--fill fast`` fills it from
@@ -183,7 +183,7 @@ def main() -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--fill", choices=["fast", "synth"], default="fast")
-    p.add_argument("--append", type=Path, default=None, help="markdown file to append the section to (docs/benchmarks.md)")
+    p.add_argument("--append", type=Path, default=None, help="a markdown file to append the section to")
     p.add_argument("--keep", action="store_true", help="keep the source and outputs")
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                    help="convert once untimed first (default: on with --device cuda, where a cold run also compiles the Triton kernels)")

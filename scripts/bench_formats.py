@@ -2,7 +2,7 @@
 """Format-conversion kernels: check each Triton kernel against the quantkit.formats reference on
 full-size tensors, then time it and the reference on the same device.
 
-    python scripts/bench_formats.py --out OUT [--append [docs/benchmarks.md]] [--quick] [--sweep]
+    python scripts/bench_formats.py --out OUT [--append FILE] [--quick] [--sweep]
         [--ops mxfp4_decode ...] [--budget-s 480] [--device cuda|cpu]
 
 Per case: the Triton backend runs once on the whole tensor (compiles) and its bytes are compared
@@ -16,7 +16,7 @@ time is scaled to the whole tensor by element count.  GB/s counts bytes read + w
 the kernel module's TUNING table and names the fastest.
 
 Writes OUT/bench.log, OUT/results.jsonl (one row per case) and OUT/results.md (the section that
-``--append`` adds to docs/benchmarks.md, with device, versions, shapes and the command); prints
+``--append FILE`` adds to FILE, with device, versions, shapes and the command); prints
 a short table last.  ``--device cpu`` is a smoke test of this script: Triton's interpreter on
 shapes cut to a few rows, wall-clock timing, never appended.
 """

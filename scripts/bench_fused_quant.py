@@ -3,7 +3,7 @@
 references on the GPU, then time them against the unfused path the engine would run otherwise.
 
     python scripts/bench_fused_quant.py --out OUT [--m 1 64 4096 16384] [--cases ...] [--sweep]
-        [--append [docs/benchmarks.md]] [--budget-s 300] [--device cuda|cpu]
+        [--append FILE] [--budget-s 300] [--device cuda|cpu]
 
 Cases (bf16 inputs): ``rmsnorm_act_quant`` at DeepSeek-V3's hidden 7168 (fp8-block float and
 ue8m0 scales, mxfp8), ``silu_mul_act_quant`` at its expert I = 2048 ([gate | up] halves of one
@@ -16,7 +16,7 @@ ue8m0 scales, mxfp8), ``silu_mul_act_quant`` at its expert I = 2048 ([gate | up]
 * GB/s = the fused op's bytes (input read + E4M3 and scales written, norm weight once) / its
   time, and its share of HBM (H200: 4800 GB/s); speed-up = unfused / fused.
 
-Writes OUT/bench.log, OUT/results.jsonl, OUT/results.md (appended to docs/benchmarks.md with
+Writes OUT/bench.log, OUT/results.jsonl, OUT/results.md (appended to FILE with
 ``--append``) and prints a short table last.  ``--device cpu`` is a smoke test of this script:
 Triton's interpreter on shapes cut to a few rows and K = 320 / I = 160, never appended.
 """

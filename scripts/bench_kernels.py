@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Kernel benchmarks: one run builds, checks and times every kernel family against its baselines.
 
-    python scripts/bench_kernels.py --out OUT [--append [docs/benchmarks.md]] [--families gemm]
+    python scripts/bench_kernels.py --out OUT [--append FILE] [--families gemm]
         [--sweep off|quick|full] [--shapes deepseek ...] [--ms 1 16 ...] [--budget-s 400] [--device cuda|cpu]
 
 On a CUDA device every row is checked against the torch reference of its op, then timed three ways:
@@ -21,7 +21,7 @@ config-table rows to paste.  Without CUDA (``--device cpu``, a smoke test of thi
 Triton interpreter on shapes scaled down 32x, wall-clock timing, no cuBLAS, no graphs.
 
 Writes, as it goes, OUT/bench.log, OUT/results.jsonl (one row per timing) and after each pass
-OUT/results.md (the section appended to docs/benchmarks.md with ``--append``), then prints a
+OUT/results.md (the section appended to FILE with ``--append FILE``), then prints a
 short summary last.  Families are functions registered in :data:`FAMILIES`; they share the
 timing, checking and report helpers here.  Shapes and goals are data at the top of each family.
 """

@@ -2,7 +2,7 @@
 """Weight-absorbed MLA decode benchmark (DeepSeek-V3: 128 heads, rank 512, rope 64, bf16 cache, 16-token pages).
 
     python scripts/bench_mla.py --out OUT [--budget-s 300] [--fi-backends auto] [--no-sweep]
-        [--append [docs/benchmarks.md]] [--device cuda|cpu]
+        [--append FILE] [--device cuda|cpu]
 
 Timing, logging and result rows are scripts/bench_common.py's (``Bench``: do_bench median with L2
 flushed before every call, so the latent cache comes from HBM; also replayed from a CUDA graph,

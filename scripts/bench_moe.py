@@ -4,7 +4,7 @@ then times it against a per-expert loop of torch bf16 matmuls, on GPT-OSS-120B a
 expert shapes, FP8-block and MXFP8 experts.
 
     python scripts/bench_moe.py --out OUT [--models gpt-oss-120b deepseek-v3] [--formats fp8-block mxfp8]
-        [--budget-s 240] [--sweep | --no-sweep] [--append [docs/benchmarks.md]] [--device cuda|cpu]
+        [--budget-s 240] [--sweep | --no-sweep] [--append FILE] [--device cuda|cpu]
 
 Timers, rows and the log are scripts/bench_common.py's ``Bench`` (shared with bench_kernels.py):
 eager = do_bench median with L2 flushed before every call (the experts come from HBM, as in

@@ -3,7 +3,7 @@
 
     python scripts/bench_shard.py --work /tmp/bench [--models deepseek-v3 gpt-oss-120b]
         [--layers deepseek-v3=3 gpt-oss-120b=2] [--ep 16] [--tp 1] [--workers 1] [--fill fast|synth] [--verify]
-        [--append docs/benchmarks.md] [--keep]
+        [--append FILE] [--keep]
 
 Sources: names, shapes, dtypes and config from ``quantkit.synth.plan`` (the released models'
 widths; ``--layers`` cuts the depth).  ``--fill fast`` fills them with bytes tiled from a 64 MiB
@@ -202,7 +202,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=1, help="shard --workers (threads writing group files)")
     p.add_argument("--fill", choices=["fast", "synth"], default="fast")
     p.add_argument("--verify", action="store_true", help="also time quantkit.shard.verify on each output")
-    p.add_argument("--append", type=Path, default=None, help="markdown file to append the section to (docs/benchmarks.md)")
+    p.add_argument("--append", type=Path, default=None, help="a markdown file to append the section to")
     p.add_argument("--keep", action="store_true", help="keep sources and outputs")
     args = p.parse_args()
     layers = DEFAULT_LAYERS | {k: int(v) for k, v in (x.split("=") for x in args.layers)}

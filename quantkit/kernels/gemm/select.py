@@ -46,7 +46,12 @@ def has(t: Target, name: str) -> bool:
 
 def device_target(device: torch.device) -> Target:
     """The device's :class:`Target` with its optional kernels probed."""
-    return _probed(dispatch.target(device), deepgemm.available_cached(device).ok, wgmma.wgmma_available(device).ok)
+    return _probed(dispatch.target(device), deepgemm.available_cached(device).ok, _wgmma_ok(device))
+
+
+@functools.cache  # the capability, Gluon and the interpreter do not change within a process (DeepGEMM can: disable())
+def _wgmma_ok(device: torch.device) -> bool:
+    return wgmma.wgmma_available(device).ok
 
 
 @functools.cache
@@ -171,6 +176,11 @@ def choose_fp8_block(a, a_scale, w, w_scale, bias=None, out_dtype=torch.bfloat16
         _triton_only(backend, "gemm_fp8_block")
         kernel, config = _given(config, t, m, n, k, out_dtype)
         return Choice(kernel, config, "the caller's config", _bind(fp8_block.gemm_fp8_block, config=config))
+    return _bound_fp8_block(t, m, n, k, out_dtype, backend, aligned)
+
+
+@functools.lru_cache(maxsize=4096)  # every eager GEMM call asks: the choice with its leaf bound, once per shape
+def _bound_fp8_block(t: Target, m: int, n: int, k: int, out_dtype: torch.dtype, backend: str, aligned: bool) -> Choice:
     c = select_fp8_block(t, m, n, k, out_dtype, backend, aligned)
     if c.kernel == "deepgemm":
         return replace(c, run=_deepgemm if backend == "deepgemm" else _deepgemm_or_triton)
@@ -202,6 +212,11 @@ def choose_mxfp8(a, a_scale, w, w_scale, bias=None, out_dtype=torch.bfloat16, *,
         _triton_only(backend, "gemm_mxfp8")
         kernel, config = _given(config, t, m, n, k, out_dtype)
         return Choice(kernel, config, "the caller's config", _bind(mxfp8.gemm_mxfp8, config=config))
+    return _bound_mxfp8(t, m, n, k, out_dtype, backend, aligned)
+
+
+@functools.lru_cache(maxsize=4096)
+def _bound_mxfp8(t: Target, m: int, n: int, k: int, out_dtype: torch.dtype, backend: str, aligned: bool) -> Choice:
     c = select_mxfp8(t, m, n, k, out_dtype, backend, aligned)
     if c.kernel == "dequant-bf16":
         return replace(c, run=_dequant_bf16)

@@ -5,6 +5,7 @@ Leaves: ``triton.moe_steps`` (gathered rows, any shape), ``triton.sorted`` (expe
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import torch
@@ -61,6 +62,7 @@ def fit(cfg: MoeConfig, fmt: str) -> MoeConfig:
     return replace(cfg, block_k=cfg.block_k if fmt == "fp8-block" else tables.BLOCK_K, diag=cfg.diag and fmt == "mxfp8" and not cfg.upcast)
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of hashables, asked once per MoE layer per step
 def select(target: Target, tokens: int, experts: int, top_k: int, hidden: int, intermediate: int, fmt: str, *,
            interleaved: bool, dense: bool = True, config: MoeConfig | None = None, backend: str = "auto") -> Choice:  # fmt: skip
     """The leaf and config of one call.  ``dense``: both weights contiguous and 16-byte aligned; ``config``: the

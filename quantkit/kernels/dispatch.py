@@ -105,7 +105,7 @@ class Target:
         return b is not None and b.available(torch.device(device)).ok
 
 
-TARGETS = {"h200": Target("cuda", (9, 0), 132, "NVIDIA H200", frozenset({"deepgemm", "flashinfer"}))}
+TARGETS = {"h200": Target("cuda", (9, 0), 132, "NVIDIA H200", frozenset({"deepgemm", "flashinfer", "wgmma"}))}
 
 
 @dataclass(frozen=True)

@@ -35,13 +35,8 @@ from .tables import Row
 
 
 def has(t: Target, name: str) -> bool:
-    """Whether "deepgemm" / "wgmma" runs on t: a device's target lists what was probed; a named target
-    (:data:`.dispatch.TARGETS`) lists its optional backends and has Gluon where it is sm_90."""
-    if t.optional is None:
-        return False
-    if name == "wgmma" and t in dispatch.TARGETS.values():
-        return t.type == "cuda" and t.capability[0] == 9
-    return name in t.optional
+    """Whether "deepgemm" / "wgmma" runs on t: probed for a device (:func:`device_target`), listed by a named target."""
+    return t.optional is not None and name in t.optional
 
 
 def device_target(device: torch.device) -> Target:

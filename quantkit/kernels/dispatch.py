@@ -92,10 +92,6 @@ class Target:
     name: str = ""
     optional: frozenset[str] | None = None  # optional backends present; None: ask the registry
 
-    @property
-    def sm90(self) -> bool:
-        return self.type == "cuda" and self.capability == (9, 0)
-
     def has(self, backend: str, device: torch.device | None = None, op: str | None = None) -> bool:
         if self.optional is not None:
             return backend in self.optional

@@ -222,9 +222,9 @@ def test_which_given_the_operands_names_the_leaf_and_a_single_kernel_backend_its
 
 def test_targets_of_devices_and_named_ones():
     cpu = dispatch.target("cpu")
-    assert (cpu.type, cpu.sm90) == ("cpu", False)
+    assert (cpu.type, cpu.capability, cpu.optional) == ("cpu", (0, 0), None)
     h200 = dispatch.TARGETS["h200"]
-    assert h200.sm90 and h200.sms == 132 and h200.has("deepgemm") and not h200.has("cutlass")
+    assert h200.capability == (9, 0) and h200.sms == 132 and h200.has("deepgemm") and not h200.has("cutlass")
     assert not cpu.has("deepgemm")  # no device or op given: nothing optional is assumed
 
 

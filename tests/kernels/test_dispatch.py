@@ -237,6 +237,7 @@ def test_the_kernel_map_command(tmp_path):
     r = CliRunner().invoke(main, ["kernels", "--device", "h200", "--json"])
     assert r.exit_code == 0, r.output
     rows = __import__("json").loads(r.output)
+    assert {"gemm_fp8_block", "gemm_mxfp8", "fused_moe", "attention_prefill", "attention_decode", "mla_decode"} <= {row["op"] for row in rows}
     for row in rows:
         assert row["op"] in dispatch.ops() and row["kernel"] and row["reason"], row
     r = CliRunner().invoke(main, ["kernels", "--device", "cpu"])

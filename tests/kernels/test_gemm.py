@@ -366,3 +366,29 @@ def test_gpu_cuda_graph_replays_match_eager(gen, m, cfg):
         torch.cuda.synchronize()
         assert torch.equal(out, call()), f"graph replay differs from eager ({cfg.name()})"
         assert not ws.counters(1, a.device).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_gpu_the_printed_map_is_what_runs():
+    """Every GEMM row of ``quantkit kernels --device cuda`` names the leaf and config that auto chooses for real
+    operands of that shape on this device (the map is read from a bare target, the call from the probed one)."""
+    from quantkit.kernels.gemm.select import MAP_MS, MAP_SHAPES
+
+    dev = torch.device("cuda")
+    rows = {(r.op, r.case, r.m): r.choice for r in dispatch.kernel_map(dispatch.target(dev)) if r.op.startswith("gemm_")}
+    assert len(rows) == 2 * len(MAP_SHAPES) * len(MAP_MS)
+    checked = 0
+    for (op, case, m), want in rows.items():
+        n, k = (int(x) for x in case.rsplit("[", 1)[1].rstrip("]").split(", "))
+        a = torch.empty(int(m), k, dtype=torch.float8_e4m3fn, device=dev)
+        w = torch.empty(n, k, dtype=torch.float8_e4m3fn, device=dev)
+        if op == "gemm_fp8_block":
+            sa, sw = torch.ones(int(m), -(-k // 128), device=dev), torch.ones(-(-n // 128), -(-k // 128), device=dev)
+        else:
+            sa = torch.full((int(m), k // 32), 127, dtype=torch.uint8, device=dev)
+            sw = torch.full((n, k // 32), 127, dtype=torch.uint8, device=dev)
+        got = dispatch.choose(op, a, sa, w, sw)
+        assert (got.kernel, got.config) == (want.kernel, want.config), f"{op} {case} M={m}: map {want}, runs {got}"
+        checked += 1
+    assert checked == len(rows)

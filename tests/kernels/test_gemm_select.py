@@ -97,6 +97,22 @@ def test_map_rows_for_the_h200_and_the_cpu():
     assert cpu and all(r.choice.kernel == "torch" for r in cpu)
 
 
+@pytest.mark.parametrize("present", [True, False])
+def test_a_bare_device_target_maps_the_kernels_its_device_has(monkeypatch, present):
+    """``quantkit kernels --device cuda`` maps a bare Target (optional None): DeepGEMM and wgmma are asked of the device,
+    so with both present its map is the named H200's, and with neither no row names them."""
+    monkeypatch.setattr(select.deepgemm, "available_cached", lambda device: dispatch.Availability(present))
+    monkeypatch.setattr(select, "_wgmma_ok", lambda device: present)
+    bare = dispatch.Target("cuda", H200.capability, H200.sms, f"bare H200, optional kernels {present}")  # own name: own cache
+    rows = [(r.op, r.case, r.m, r.choice.kernel, r.choice.config) for r in dispatch.kernel_map(bare) if r.op.startswith("gemm_")]
+    named = [(r.op, r.case, r.m, r.choice.kernel, r.choice.config) for r in dispatch.kernel_map(H200) if r.op.startswith("gemm_")]
+    if present:
+        assert rows == named
+    else:
+        kernels = {r[3] for r in rows}
+        assert "deepgemm" not in kernels and "triton.wgmma" not in kernels and {"deepgemm", "triton.wgmma"} <= {r[3] for r in named}
+
+
 # ---- the selected leaf in the CPU interpreter: the reference's bytes ---------------------------------------------------
 
 

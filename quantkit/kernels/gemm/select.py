@@ -35,8 +35,14 @@ from .tables import Row
 
 
 def has(t: Target, name: str) -> bool:
-    """Whether "deepgemm" / "wgmma" runs on t: probed for a device (:func:`device_target`), listed by a named target."""
-    return t.optional is not None and name in t.optional
+    """Whether "deepgemm" / "wgmma" runs on t: probed for a device (:func:`device_target`), listed by a named target, or
+    asked of this process's current CUDA device for a bare device target (``quantkit kernels --device cuda``)."""
+    if t.optional is not None:
+        return name in t.optional
+    if t.type != "cuda":
+        return False
+    device = torch.device("cuda")
+    return deepgemm.available_cached(device).ok if name == "deepgemm" else _wgmma_ok(device)
 
 
 def device_target(device: torch.device) -> Target:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from quantkit.serve.protocol import ProtocolError
-from quantkit.serve.server.engine_loop import Delta, Sink
+from quantkit.serve.server.client import Delta, Sink
 from quantkit.serve.server.streaming import deltas
 
 

@@ -1,9 +1,11 @@
 """``quantkit serve``'s HTTP side: an OpenAI-compatible server over :class:`..scheduler.LLMEngine`, FastAPI on
 uvicorn.
 
-One engine thread owns the model and the KV cache and steps the continuous batch (:mod:`.engine_loop`);
-uvicorn's event loop runs the HTTP side (:mod:`.app`), behind limits that hold before a body is read
-(:mod:`.limits`); replies and streams are :mod:`.streaming`.  Endpoints: ``POST /v1/completions``,
+Two processes, as vLLM splits its API server from its engine core: this one holds the model and the KV cache,
+and its engine thread steps the continuous batch (:mod:`.engine_loop`); the HTTP front, a process of its own
+(:mod:`.front`), runs uvicorn's event loop and the application (:mod:`.app`) behind limits that hold before
+a body is read (:mod:`.limits`), tokenizes requests and writes replies and streams (:mod:`.streaming`).  They
+share no interpreter lock: the engine's host work per step and the front's per-token work run side by side.  Endpoints: ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (each with ``"stream": true`` as server-sent events), vLLM's
 ``POST /tokenize``, ``/detokenize`` and ``GET /tokenizer_info``, ``GET /v1/models``, ``/health``,
 ``/version``, ``/metrics`` (Prometheus text).
@@ -14,10 +16,13 @@ sharded serving's other ranks run without them.
 
 from __future__ import annotations
 
-import asyncio
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from multiprocessing.connection import Connection
 
 from ..scheduler import LLMEngine
 from ..text import ModelText
@@ -60,8 +65,9 @@ def _listen(address: tuple[str, int], backlog: int) -> socket.socket:
 
 
 class Server:
-    """Bound at construction (``--port 0`` picks a port, :attr:`url` names it); :meth:`serve` runs it in this
-    thread, :meth:`start_background` in another, :meth:`close` stops either."""
+    """Bound at construction (``--port 0`` picks a port, :attr:`url` names it); :meth:`serve` runs it from this
+    thread (the front's process started, the engine stepped in a thread of this one), :meth:`start_background`
+    from another, :meth:`close` stops either."""
 
     def __init__(self, address: tuple[str, int], engine: LLMEngine, text: ModelText, model_name: str,
                  limits: Limits | None = None) -> None:
@@ -69,16 +75,16 @@ class Server:
 
         self.engine, self.text, self.model_name = engine, text, model_name
         self.limits = limits or Limits()
-        self.loop = EngineLoop(engine, self.limits.max_waiting_seqs)
+        self.loop = EngineLoop(engine, self.limits.max_waiting_seqs, text)
         self.started = int(time.time())
         self.ctrl = None  # the control group of sharded serving (rank 0 broadcasts each step on it)
-        self.api_key: str | None = None  # when set, /v1/* asks for "Authorization: Bearer <key>"
+        self._api_key: str | None = None  # when set, /v1/* asks for "Authorization: Bearer <key>"
         _allow_open_files(self.limits.max_connections)
         import fastapi  # noqa: F401  (before the socket listens: an install that cannot import it fails here, not its clients)
 
         self.socket = _listen(address, self.limits.backlog)
         self.server_address = self.socket.getsockname()[:2]
-        self._uvicorn = None
+        self.front: subprocess.Popen | None = None
         self._background: threading.Thread | None = None
         self._up = threading.Event()
 
@@ -87,67 +93,83 @@ class Server:
         host, port = self.server_address
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
-    def _config(self, log_level: str):
-        import anyio._backends._asyncio  # noqa: F401 (anyio imports it at a first stream: under EMFILE that import failed, a 500 each)
-        import uvicorn
+    @property
+    def api_key(self) -> str | None:
+        return self._api_key
 
-        from .app import create_app, routes
-        from .limits import Guard, protocol_class
+    @api_key.setter
+    def api_key(self, key: str | None) -> None:
+        self._api_key = key
+        if self.front is not None and self.front.poll() is None:
+            self.loop.send(("api_key", key))
 
-        app = create_app(self)
-        lim = self.limits
-        return uvicorn.Config(Guard(app, self, routes(app)), http=protocol_class(lim.header_timeout_s, lim.linger_s, lim.max_connections),
-                              lifespan="off", log_level=log_level, access_log=log_level == "info",
-                              timeout_keep_alive=lim.keep_alive_s, backlog=lim.backlog, timeout_graceful_shutdown=10, h11_max_incomplete_event_size=16 << 10)
+    def _start_front(self, log_level: str) -> None:
+        from .front import Config
+
+        ours, theirs = socket.socketpair()
+        listen = self.socket.fileno()
+        self.front = subprocess.Popen([sys.executable, "-m", "quantkit.serve.server.front", str(listen), str(theirs.fileno())],
+                                      pass_fds=(listen, theirs.fileno()))  # fmt: skip
+        theirs.close()
+        self.loop.conn = Connection(ours.detach())
+        eng = self.engine
+        self.loop.send(Config(str(self.text.root), eng.model.config, self.model_name, self.limits, eng.max_model_len,
+                              eng.vocab_size, self.started, self._api_key, log_level))  # fmt: skip
 
     def serve(self, log_level: str = "info") -> None:
-        """Serve until :meth:`close` (or SIGINT / SIGTERM in the main thread); then stop the engine thread and
+        """Serve until :meth:`close`, SIGINT / SIGTERM, or the front's exit; then stop the engine thread and
         release sharded serving's other ranks."""
-        import uvicorn
-
-        server = self
-
-        class _Uvicorn(uvicorn.Server):
-            async def startup(self, sockets=None) -> None:
-                await super().startup(sockets)
-                server._up.set()
-
-            async def shutdown(self, sockets=None) -> None:
-                server.loop.stop()  # first: requests still running end with an error, so their handlers return
-                await super().shutdown(sockets)
-
-        self._uvicorn = _Uvicorn(self._config(log_level))
-        self.loop.on_broken = self._exit
+        self._start_front(log_level)
+        self.loop.on_ready = self._up.set
+        self.loop.on_broken = self._stop_front
         self.loop.start()
         try:
-            asyncio.run(self._uvicorn.serve(sockets=[self.socket]))
+            self._wait_front()
         finally:
             self._up.set()
             self.loop.stop()
             self.loop.join(timeout=30)
+            self.loop.conn.close()
             if self.ctrl is not None and self.loop.error is None:  # sharded serving: release the other ranks
                 from ..distributed import stop_workers
 
                 stop_workers(self.ctrl)
         if self.loop.error is not None:  # the engine broke (a rank lost): the server stops with its error
             raise self.loop.error
+        if self.front.returncode != 0:
+            raise RuntimeError(f"the HTTP front exited with status {self.front.returncode} (its error is above)")
 
-    def _exit(self) -> None:
-        if self._uvicorn is not None:
-            self._uvicorn.should_exit = True
+    def _wait_front(self) -> None:
+        """Until the front exits; interrupted (Ctrl-C reaches both processes, SIGTERM this one), it is stopped as
+        uvicorn stops: open streams end with an error event, connections close, within its graceful timeout."""
+        try:
+            self.front.wait()
+        except KeyboardInterrupt:
+            self._stop_front()
+            try:
+                self.front.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.front.kill()
+            raise
+
+    def _stop_front(self) -> None:
+        if self.front is not None and self.front.poll() is None:
+            self.front.send_signal(signal.SIGTERM)
 
     def start_background(self) -> threading.Thread:
         """Serve from a background thread (tests, benchmarks, notebooks), ready when this returns."""
         t = self._background = threading.Thread(target=self.serve, args=("warning",), name="quantkit-http", daemon=True)
         t.start()
-        self._up.wait(timeout=60)
+        self._up.wait(timeout=120)
+        if self.front is None or self.front.poll() is not None:
+            raise RuntimeError(f"the HTTP front did not start (exit status {None if self.front is None else self.front.returncode})")
         return t
 
     def close(self) -> None:
-        """Stop a background server and wait for it: the engine thread (open streams end with an error event),
-        then the HTTP side (open connections closed); no thread of it is left to run into interpreter exit."""
-        if self._background is not None and self._uvicorn is not None:
-            self._uvicorn.should_exit = True
+        """Stop a background server and wait for it: the front (open streams end with an error event, open
+        connections closed), then the engine thread; no thread or process of it is left."""
+        if self._background is not None:
+            self._stop_front()
             self._background.join(timeout=60)
         self.server_close()
 

@@ -1,7 +1,7 @@
 """The FastAPI application: the OpenAI routes, vLLM's tokenizer routes, health, models, version, metrics.
 
-Handlers run on the event loop and never block it on the model: parsing, encoding and checking a
-request run in a worker thread, the engine in its own (:mod:`.engine_loop`).  Every failure is one
+Handlers run on the front's event loop and never block it: parsing, encoding and checking a request run in
+a worker thread, the engine in its own process (:mod:`.client` talks to it).  Every failure is one
 OpenAI error body: the client's mistakes a 400 (404 for another model), a full waiting queue a 503
 with ``Retry-After``, the engine's failures a 500; anything unexpected is logged and a 500 too.
 """
@@ -22,7 +22,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from .. import openai_io as io
 from .. import protocol as proto
 from ..request import RequestError
-from .engine_loop import Busy, Sink
+from .client import Sink
+from .engine_loop import Busy
 from .streaming import ClientGone, collect, sse
 
 JSON = "application/json"
@@ -81,23 +82,20 @@ def create_app(server) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> Response:
         card = {"id": s.model_name, "object": "model", "created": s.started, "owned_by": "quantkit",
-                "root": str(s.text.root), "max_model_len": s.engine.max_model_len}
+                "root": str(s.text.root), "max_model_len": s.max_model_len}
         return JSONResponse({"object": "list", "data": [card]})
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        from ..metrics import render
-
-        def read() -> str:
-            with s.loop.lock:  # the engine thread holds it while a step changes what is read
-                return render(s.engine, s.model_name)
-
-        return PlainTextResponse(await asyncio.to_thread(read), media_type="text/plain; version=0.0.4")
+        if not s.loop.is_alive():
+            return JSONResponse(proto.error_body("the engine has stopped", 503), 503)
+        text = await s.loop.metrics(s.model_name)  # read by the engine thread between two steps
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.get("/tokenizer_info")
     @_answers
     async def tokenizer_info(request: Request) -> Response:
-        return JSONResponse(s.text.tokenizer_info(s.engine.max_model_len))
+        return JSONResponse(s.text.tokenizer_info(s.max_model_len))
 
     @app.post("/tokenize")
     @_answers
@@ -111,13 +109,13 @@ def create_app(server) -> FastAPI:
             return s.text.encode(req.prompt, add_special_tokens=req.add_special_tokens, limit=s.limits.max_tokens_per_request)
 
         ids = await asyncio.to_thread(work, await request.body())
-        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": s.engine.max_model_len})
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": s.max_model_len})
 
     @app.post("/detokenize")
     @_answers
     async def detokenize(request: Request) -> Response:
         req = prepare(await request.body(), proto.DetokenizeRequest)
-        vocab = s.engine.vocab_size  # the config's: a TP rank's embed_tokens holds only its slice
+        vocab = s.vocab_size  # the config's: a TP rank's embed_tokens holds only its slice
         if not all(0 <= i < vocab for i in req.tokens):
             raise proto.ProtocolError(f"'tokens' must be a list of token ids in [0, {vocab})", param="tokens")
         return JSONResponse({"prompt": s.text.decode(req.tokens, skip_special_tokens=False)})
@@ -130,7 +128,7 @@ def create_app(server) -> FastAPI:
             params, n, bounded = proto.sampling(req)
             cap = s.limits.max_tokens_per_request
             ids = [s.text.encode(p, limit=cap) if isinstance(p, str) else list(p) for p in req.prompts()]
-            detok = lambda p: s.text.detokenizer(p.stop, p.include_stop_str, req.skip_special_tokens)  # noqa: E731
+            detok = lambda p: detokenizer(p.stop, p.include_stop_str, req.skip_special_tokens)  # noqa: E731
             return req, items(ids, params, n, bounded, detok)
 
         req, batch = await asyncio.to_thread(work, await request.body())
@@ -148,7 +146,7 @@ def create_app(server) -> FastAPI:
             req = prepare(body, proto.ChatRequest)
             params, n, bounded = proto.sampling(req)
             ids = s.text.encode_chat(req.messages, s.limits.max_tokens_per_request, add_generation_prompt=True, **req.template_kwargs())
-            detok = lambda p: s.text.detokenizer(p.stop, p.include_stop_str, not harmony)  # noqa: E731
+            detok = lambda p: detokenizer(p.stop, p.include_stop_str, not harmony)  # noqa: E731
             return req, items([ids], params, n, bounded, detok)
 
         req, batch = await asyncio.to_thread(work, await request.body())
@@ -157,20 +155,28 @@ def create_app(server) -> FastAPI:
                            lambda h, reqs, deltas, usage: io.chat_chunks(h, rid, created, reqs, deltas, harmony, usage),
                            lambda h, reqs, deltas: io.chat_response(h, rid, created, reqs, deltas, harmony))
 
+    def detokenizer(stop: tuple[str, ...], include_stop_str: bool, skip_special_tokens: bool) -> tuple:
+        """(the engine's detokenizer settings, this side's detokenizer): a sequence with stop strings is detokenized
+        by the engine, which stops on them; any other here, off the engine's thread.  (None, None): no text."""
+        d = s.text.detokenizer(stop, include_stop_str, skip_special_tokens)  # stop strings without a tokenizer raise
+        if d is None or not stop:
+            return None, d
+        return (tuple(stop), include_stop_str, skip_special_tokens), None
+
     def items(prompts: list[list[int]], params, n: int, bounded: bool, detok) -> tuple[list, int]:
         """The engine's submissions of one request (prompt-major, choice j of a prompt seeded seed + j), within
         the per-request caps."""
-        lim, eng = s.limits, s.engine
+        lim = s.limits
         if len(prompts) * n > lim.max_seqs_per_request:
             raise proto.ProtocolError(f"this request asks for {len(prompts) * n} sequences (prompts x n), more than this "
                                       f"server's limit of {lim.max_seqs_per_request} per request")
         out, tokens = [], 0
         for pi, ids in enumerate(prompts):
-            p = proto.fit_max_tokens(params, bounded, len(ids), eng.max_model_len)
+            p = proto.fit_max_tokens(params, bounded, len(ids), s.max_model_len)
             tokens += n * (len(ids) + p.max_tokens)
             for j in range(n):
                 pj = p if p.seed is None or j == 0 else replace(p, seed=proto.choice_seed(p.seed, j))
-                out.append((pi * n + j, ids, pj, detok(pj)))
+                out.append((pi * n + j, ids, pj, *detok(pj)))
         if tokens > lim.max_tokens_per_request:
             raise proto.ProtocolError(f"this request asks for {tokens} tokens (prompt + max_tokens over its sequences), more "
                                       f"than this server's limit of {lim.max_tokens_per_request} per request")

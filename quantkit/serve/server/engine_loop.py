@@ -1,100 +1,68 @@
-"""The engine thread: the one owner of the model and the KV cache, off the HTTP event loop.
+"""The engine thread: the one owner of the model and the KV cache, in the engine's process.
 
-HTTP handlers (coroutines on the server's event loop) put submissions and aborts into the thread's
-inbox; the thread blocks on that inbox while idle and otherwise steps the continuous batch.  What a
-step produced goes back without polling: the thread gathers each step's deltas and hands them to the
-event loop with one ``call_soon_threadsafe`` per step, which puts each into its request's asyncio
-queue (:class:`Sink`).  A submission is answered the same way (an asyncio future).
+The HTTP side runs in a process of its own (:mod:`.front`, vLLM's API-server / engine-core split): the two
+share no interpreter lock, so neither the engine's host work per step nor the server's per-token work (JSON,
+server-sent events, sockets) waits for the other.  They talk over one local socket
+(:class:`multiprocessing.connection.Connection`, pickled tuples):
 
-The waiting queue is bounded: a submission that finds ``max_waiting`` sequences already waiting for
-admission is refused with :class:`Busy` (the server answers 503 with ``Retry-After``); one request
-always enters an empty queue, whatever its size (the per-request caps bound that).
+front -> engine: ``("add", sid, items)`` (items: choice index, prompt ids, params, detokenizer settings),
+``("abort", [request ids])``, ``("metrics", token)``, ``("ready",)`` once it listens, ``("stop",)``.
+engine -> front: ``("answer", sid, [request ids] | error)``, per step one ``("deltas", entries)``, each entry
+``("delta", request id, text, tokens, logprobs, finish reason, stop reason, prompt logprobs | None)`` or
+``("fail", sid, message)``, ``("metrics", token, text)``, ``("api_key", key)``, ``("broken", message)``.
+
+The thread blocks on the socket while idle and otherwise steps the continuous batch, taking only what is
+already there between steps.  The waiting queue is bounded: a submission that finds ``max_waiting``
+sequences already waiting for admission is refused with :class:`Busy` (the server answers 503 with
+``Retry-After``); one request always enters an empty queue, whatever its size (the per-request caps bound that).
 """
 
 from __future__ import annotations
 
-import asyncio
-import queue
 import sys
 import threading
+import time
 import traceback
 import uuid
-from collections import defaultdict
-from dataclasses import dataclass, field
 
-from ..sampling import SamplingParams, TokenLogprobs
 from ..request import EngineBroken, Request, RequestError
 from ..scheduler import LLMEngine
+from ..text import ModelText
 
-
-@dataclass
-class Delta:
-    """What one request produced since the last delta."""
-
-    index: int
-    text: str = ""
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprobs] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
+IDLE_POLL_S = 0.05  # an idle thread checks for stop() this often (a message wakes it at once)
 
 
 class Busy(Exception):
     """The waiting queue is full: the client should come back later."""
 
 
-class Sink:
-    """Where one HTTP request's deltas go: an asyncio queue on the event loop that serves it."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue = asyncio.Queue()
-
-
-def _deliver(items: list[tuple[asyncio.Queue, object]]) -> None:
-    for q, item in items:
-        q.put_nowait(item)
-
-
-def _answer(fut: asyncio.Future, result, loop: EngineLoop) -> None:
-    """Runs on the event loop: a submission's result (requests or the error) to its waiting handler; requests
-    whose handler went away meanwhile (cancelled) are aborted."""
-    if fut.cancelled():
-        if isinstance(result, list):
-            loop.abort(result)
-    elif isinstance(result, BaseException):
-        fut.set_exception(result)
-    else:
-        fut.set_result(result)
-
-
 class EngineLoop(threading.Thread):
-    """Takes submissions, steps while there is work, posts deltas to each request's sink."""
+    """Takes submissions from the front, steps while there is work, sends each step's deltas back at once."""
 
-    def __init__(self, engine: LLMEngine, max_waiting: int) -> None:
+    def __init__(self, engine: LLMEngine, max_waiting: int, text: ModelText) -> None:
         super().__init__(name="quantkit-engine", daemon=True)
-        self.engine, self.max_waiting = engine, max_waiting
-        self.inbox: queue.Queue = queue.Queue()
-        self.sinks: dict[Request, tuple[int, Sink, list[int]]] = {}  # request -> (choice index, sink, [tokens sent])
-        self.outbox: dict[asyncio.AbstractEventLoop, list] = defaultdict(list)  # this step's deltas, per event loop
-        self.lock = threading.Lock()  # held while the engine's state changes (/metrics reads it)
+        self.engine, self.max_waiting, self.text = engine, max_waiting, text
+        self.conn = None  # the front's socket (multiprocessing Connection), set before start()
+        self.sinks: dict[Request, list] = {}  # request -> [sid, tokens sent, prompt logprobs sent]
+        self.by_id: dict[str, Request] = {}
+        self.outbox: list[tuple] = []  # this step's entries for the front
+        self.lock = threading.Lock()  # held while the engine's state changes (readers in this process take it)
+        self.send_lock = threading.Lock()  # the connection is written by this thread and by Server (api_key)
         self.error: EngineBroken | None = None  # why the engine stopped for good, if it did
-        self.on_broken = None  # called from this thread when it does (the server then stops)
-
-    async def submit(self, items: list[tuple[int, list[int], SamplingParams, object]], sink: Sink) -> list[Request]:
-        """Add requests (choice index, prompt ids, params, detokenizer) whose deltas go to ``sink``.  Raises
-        RequestError (or Busy) before anything is queued when one of them cannot be taken."""
-        if not self.is_alive():
-            raise RuntimeError("the server is shutting down")
-        fut = sink.loop.create_future()
-        self.inbox.put(("add", items, sink, fut))
-        return await fut
-
-    def abort(self, requests: list[Request]) -> None:
-        self.inbox.put(("abort", requests))
+        self.on_ready = self.on_broken = None  # called from this thread: the front listens; the engine broke
+        self._stopping = threading.Event()
 
     def stop(self) -> None:
-        self.inbox.put(("stop",))
+        self._stopping.set()
+
+    def send(self, msg: tuple) -> bool:
+        """To the front; False when it is gone."""
+        try:
+            with self.send_lock:
+                self.conn.send(msg)
+            return True
+        except (OSError, ValueError):  # closed, or a broken pipe: the front went away
+            return False
 
     def run(self) -> None:
         try:
@@ -102,53 +70,65 @@ class EngineLoop(threading.Thread):
         except EngineBroken as e:
             self.error = e
             print(f"error: {e}", file=sys.stderr, flush=True)
+            self.send(("broken", str(e)))
             if self.on_broken is not None:
                 self.on_broken()
-        finally:  # stopped (or broken): requests still running, and submissions not taken, end with an error
-            self._fail_all(self.error or RuntimeError("the server is shutting down"))
-            self._refuse_inbox()
+        finally:  # stopped (or broken): requests still running end with an error
+            self._fail_all(str(self.error or "the server is shutting down"))
             self._flush()
 
     def _loop(self) -> None:
-        tick = self.engine.idle_tick_s  # sharded serving: a heartbeat to the other ranks while idle
-        while True:
-            try:  # block while idle; while there is work, only take what is already there
-                msg = self.inbox.get(timeout=tick) if not self.engine.has_work() else self.inbox.get_nowait()
-            except queue.Empty:
-                msg = None
-            while msg is not None:
-                if msg[0] == "stop":
-                    return
-                self._take(msg)
-                try:
-                    msg = self.inbox.get_nowait()
-                except queue.Empty:
-                    msg = None
+        tick, ticked = self.engine.idle_tick_s, time.monotonic()  # sharded serving: a heartbeat to the other ranks
+        while not self._stopping.is_set():
+            try:
+                ready = self.conn.poll(0 if self.engine.has_work() else IDLE_POLL_S)
+                while ready:  # while there is work, only take what is already there
+                    if not self._take(self.conn.recv()):
+                        return
+                    ready = self.conn.poll(0)
+            except (EOFError, OSError):  # the front is gone: nothing is left to serve
+                return
             if self.engine.has_work():
                 self._step()
-            elif tick is not None:
+            elif tick is not None and time.monotonic() - ticked >= tick:
+                ticked = time.monotonic()
                 with self.lock:
                     self.engine.tick()
             self._flush()
 
-    def _take(self, msg: tuple) -> None:
-        if msg[0] == "abort":
+    def _take(self, msg: tuple) -> bool:
+        kind = msg[0]
+        if kind == "abort":
             with self.lock:
-                for r in msg[1]:
-                    self.engine.abort(r)
-                    self.sinks.pop(r, None)
-            return
-        _, items, sink, fut = msg
+                for rid in msg[1]:
+                    r = self.by_id.pop(rid, None)
+                    if r is not None:
+                        self.engine.abort(r)
+                        self.sinks.pop(r, None)
+        elif kind == "add":
+            self.send(("answer", msg[1], self._answer(msg[1], msg[2])))
+        elif kind == "metrics":
+            from ..metrics import render
+
+            with self.lock:
+                self.send(("metrics", msg[1], render(self.engine, msg[2])))
+        elif kind == "ready":
+            if self.on_ready is not None:
+                self.on_ready()
+        elif kind == "stop":
+            return False
+        return True
+
+    def _answer(self, sid: int, items: list) -> list[str] | Exception:
         try:
-            result = self._add(items, sink)
+            return [r.id for r in self._add(sid, items)]
         except (RequestError, Busy) as e:
-            result = e
+            return e
         except Exception as e:  # never let one request take the engine thread down
             traceback.print_exc(file=sys.stderr)
-            result = RuntimeError(f"the engine could not take the request: {e}")
-        self._call(sink.loop, _answer, fut, result, self)
+            return RuntimeError(f"the engine could not take the request: {e}")
 
-    def _add(self, items: list, sink: Sink) -> list[Request]:
+    def _add(self, sid: int, items: list) -> list[Request]:
         waiting = len(self.engine.waiting)
         if waiting and waiting + len(items) > self.max_waiting:
             raise Busy(f"{waiting} sequences are waiting for admission (at most {self.max_waiting}): try again shortly")
@@ -158,13 +138,15 @@ class EngineLoop(threading.Thread):
         with self.lock:
             try:
                 for i, p, params, detok in items:
-                    reqs.append(self.engine.add_request(p, params, f"{uuid.uuid4().hex}-{i}", detok, checked=True, group=sink))
+                    d = self.text.detokenizer(*detok) if detok is not None else None
+                    reqs.append(self.engine.add_request(p, params, f"{uuid.uuid4().hex}-{i}", d, checked=True, group=sid))
             except BaseException:  # all or nothing: no sequence of a refused request is left running
                 for r in reqs:
                     self.engine.abort(r)
                 raise
-        for (i, *_), r in zip(items, reqs):
-            self.sinks[r] = (i, sink, [0])
+        for r in reqs:
+            self.sinks[r] = [sid, 0, r.params.prompt_logprobs is None]
+            self.by_id[r.id] = r
         return reqs
 
     def _step(self) -> None:
@@ -175,7 +157,7 @@ class EngineLoop(threading.Thread):
             raise
         except Exception as e:  # a failed step fails its requests, the server stays up
             traceback.print_exc(file=sys.stderr)
-            self._fail_all(RuntimeError(f"the engine failed on this batch: {e}"))
+            self._fail_all(f"the engine failed on this batch: {e}")
             return
         for r in advanced:
             self._post(r)
@@ -184,50 +166,38 @@ class EngineLoop(threading.Thread):
         sink = self.sinks.get(r)
         if sink is None:
             return
-        index, out, sent = sink
+        sid, sent, lp_sent = sink
         if r.error is not None:  # it failed alone: its HTTP request fails (its other choices aborted), no one else's
             print(f"request {r.id} failed: {r.error}", file=sys.stderr)
-            return self._fail_sink(out, RuntimeError(f"the engine failed on this request: {r.error}"))
-        d = Delta(index, r.detok.delta() if r.detok is not None else "", r.output[sent[0]:], r.logprobs[sent[0]:])
-        sent[0] = len(r.output)
+            return self._fail_sink(sid, f"the engine failed on this request: {r.error}")
+        text = r.detok.delta() if r.detok is not None else ""
+        tokens, logprobs = r.output[sent:], r.logprobs[sent:]
+        sink[1] = len(r.output)
+        prompt_lps = None
+        if not lp_sent and (r.output or r.finished):  # the prompt's log-probs once its prefill (maybe chunked) is done
+            prompt_lps, sink[2] = r.prompt_logprobs, True
         if r.finished:  # the detokenizer was finished with the request: its delta above holds the rest
-            d.finish_reason, d.stop_reason = r.finish_reason, r.stop_reason
-            del self.sinks[r]
-        if d.text or d.tokens or d.finish_reason:
-            self.outbox[out.loop].append((out.queue, d))
+            del self.sinks[r], self.by_id[r.id]
+        if text or tokens or r.finished or prompt_lps is not None:
+            self.outbox.append(("delta", r.id, text, tokens, logprobs, r.finish_reason, r.stop_reason, prompt_lps))
 
-    def _fail_all(self, e: Exception) -> None:
+    def _fail_all(self, message: str) -> None:
         with self.lock:
+            sids = {sink[0] for sink in self.sinks.values()}
             for r in list(self.sinks):
                 self.engine.abort(r)
-                _, out, _ = self.sinks.pop(r)
-                self.outbox[out.loop].append((out.queue, e))
+            self.sinks.clear(), self.by_id.clear()
+        self.outbox += [("fail", sid, message) for sid in sids]
 
-    def _fail_sink(self, sink: Sink, e: Exception) -> None:
+    def _fail_sink(self, sid: int, message: str) -> None:
         with self.lock:
-            for r in [r for r, (_, out, _) in self.sinks.items() if out is sink]:
+            for r in [r for r, sink in self.sinks.items() if sink[0] == sid]:
                 self.engine.abort(r)
-                del self.sinks[r]
-        self.outbox[sink.loop].append((sink.queue, e))
-
-    def _refuse_inbox(self) -> None:
-        while True:
-            try:
-                msg = self.inbox.get_nowait()
-            except queue.Empty:
-                return
-            if msg[0] == "add":
-                self._call(msg[2].loop, _answer, msg[3], RuntimeError("the server is shutting down"), self)
+                del self.sinks[r], self.by_id[r.id]
+        self.outbox.append(("fail", sid, message))
 
     def _flush(self) -> None:
-        """This step's deltas to their event loops: one wake-up per loop, not one per delta."""
-        for loop, items in self.outbox.items():
-            self._call(loop, _deliver, items)
-        self.outbox.clear()
-
-    @staticmethod
-    def _call(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
-        try:
-            loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # that event loop is closed: no one is left to tell
-            pass
+        """This step's entries to the front: one message a step, not one per delta."""
+        if self.outbox:
+            self.send(("deltas", self.outbox))
+            self.outbox = []

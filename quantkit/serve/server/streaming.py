@@ -14,8 +14,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 
 from ..protocol import ProtocolError
-from ..request import Request
-from .engine_loop import Delta, EngineLoop, Sink
+from .client import Delta, EngineClient, RequestView, Sink
 
 
 class ClientGone(Exception):
@@ -27,7 +26,7 @@ def merge(a: Delta, b: Delta) -> Delta:
     return Delta(a.index, a.text + b.text, a.tokens + b.tokens, a.logprobs + b.logprobs, b.finish_reason, b.stop_reason)
 
 
-async def deltas(reqs: list[Request], sink: Sink) -> AsyncIterator[Delta]:
+async def deltas(reqs: list[RequestView], sink: Sink) -> AsyncIterator[Delta]:
     """The requests' deltas as the engine posts them, until each has finished; an engine failure raises
     ProtocolError 500.  Deltas of one choice already queued behind each other are yielded as one: a client
     whose chunks are written slower than the engine makes tokens gets several tokens a chunk (one render and
@@ -52,7 +51,7 @@ async def _disconnect(receive) -> None:
         pass
 
 
-async def collect(reqs: list[Request], sink: Sink, receive, loop: EngineLoop) -> list[Delta]:
+async def collect(reqs: list[RequestView], sink: Sink, receive, loop: EngineClient) -> list[Delta]:
     """Every delta of a whole (not streamed) response; the client leaving first aborts the requests."""
 
     async def gather() -> list[Delta]:
@@ -75,8 +74,8 @@ def _event(data: str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-async def sse(reqs: list[Request], chunks: Callable[[AsyncIterator[Delta]], AsyncIterator[str]], sink: Sink,
-              loop: EngineLoop) -> AsyncIterator[bytes]:
+async def sse(reqs: list[RequestView], chunks: Callable[[AsyncIterator[Delta]], AsyncIterator[str]], sink: Sink,
+              loop: EngineClient) -> AsyncIterator[bytes]:
     """Server-sent events of ``chunks(deltas)`` (JSON texts), then ``[DONE]``; an error ends the stream with
     one error event.  Cancelled (the client left) or failed: the requests still running are aborted."""
     try:

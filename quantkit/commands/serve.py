@@ -54,12 +54,15 @@ import click
 @click.option("--lookahead/--no-lookahead", default=True, show_default=True,
               help="Launch graphed decode steps of plain-greedy requests one ahead of the host, which schedules the next "
                    "step while the GPU runs this one (--no-lookahead: every step waits for its tokens).")
+@click.option("--api-server-count", "api_servers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="HTTP front processes (parsing, tokenizing, detokenizing, streaming), all accepting on the one port; "
+                   "--max-connections is shared among them.")
 def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model_name: str | None, max_model_len: int | None,
           max_num_seqs: int, max_num_batched_tokens: int, block_size: int, kv_cache_gib: float | None, gpu_memory_utilization: float,
           act_quant: bool, backend: str, api_key: str | None, prefix_caching: bool, max_request_bytes: int,
           max_seqs_per_request: int, max_tokens_per_request: int, max_waiting_seqs: int, max_connections: int,
           header_timeout: float, body_timeout: float, dist_timeout: float, ep_exchange: str, enforce_eager: bool,
-          lookahead: bool) -> None:
+          lookahead: bool, api_servers: int) -> None:
     """Serve checkpoint CKPT (a source checkpoint or a `quantkit convert` output) over HTTP.
 
     A `quantkit shard --ep N [--tp T]` output is served expert (and tensor) parallel, one process per
@@ -87,7 +90,7 @@ def serve(ckpt: str, host: str, port: int, device: str, dtype: str, served_model
                        block_size=block_size, kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization,
                        act_quant=act_quant, backend=backend, prefix_caching=prefix_caching, limits=limits,
                        dist_timeout_s=dist_timeout, ep_exchange=ep_exchange, enforce_eager=enforce_eager,
-                       lookahead=lookahead)
+                       lookahead=lookahead, api_servers=api_servers)
     except (CheckpointError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:

@@ -28,12 +28,14 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
           max_num_batched_tokens: int = 2048, block_size: int = 16, kv_cache_gib: float | None = None,
           gpu_memory_utilization: float = 0.9, act_quant: bool = True, backend: str = "auto",
           prefix_caching: bool = True, limits=None, dist_timeout_s: float = 300.0,
-          ep_exchange: str = "all-reduce", enforce_eager: bool = False, lookahead: bool = True) -> Server | Worker:
+          ep_exchange: str = "all-reduce", enforce_eager: bool = False, lookahead: bool = True,
+          api_servers: int = 1) -> Server | Worker:
     """Load the checkpoint and bind the server (not serving yet: ``serve()`` or ``start_background()``).
 
     KV cache: ``kv_cache_gib`` when given; otherwise on CUDA what ``gpu_memory_utilization`` of the
     device leaves after the weights, on a CPU 2 GiB; never more than ``max_num_seqs`` full contexts.
-    ``limits`` (a :class:`.server.Limits`): what one client may ask of the HTTP server (its defaults when None).
+    ``limits`` (a :class:`.server.Limits`): what one client may ask of the HTTP server (its defaults when None);
+    ``api_servers``: its HTTP front processes.
     A ``quantkit shard`` output is served expert (and tensor) parallel, one process per rank under torchrun
     (:mod:`.distributed`), each DP group with its own requests (:mod:`.dp`): rank 0 gets the Server, the
     other ranks a :class:`Worker`.  ``dist_timeout_s`` bounds every wait of one rank for the others;
@@ -97,7 +99,7 @@ def build(ckpt: str, *, host: str = "127.0.0.1", port: int = 8000, device: str =
                           idle_tick_s=dist_timeout_s / 4)
     from .server import Server  # the HTTP side (fastapi, uvicorn): rank 0 alone
 
-    server = Server((host, port), engine, text, model_name or root.resolve().name, limits)
+    server = Server((host, port), engine, text, model_name or root.resolve().name, limits, api_servers)
     server.ctrl = ctrl
     server.warmup = warmup
     return server

@@ -1,12 +1,15 @@
 """The engine thread: the one owner of the model and the KV cache, in the engine's process.
 
-The HTTP side runs in a process of its own (:mod:`.front`, vLLM's API-server / engine-core split): the two
-share no interpreter lock, so neither the engine's host work per step nor the server's per-token work (JSON,
-server-sent events, sockets) waits for the other.  They talk over one local socket
-(:class:`multiprocessing.connection.Connection`, pickled tuples):
+The HTTP side runs in processes of its own (:mod:`.front`, vLLM's API-server / engine-core split; one or
+more, ``--api-server-count``, each accepting on the same listening socket): they share no interpreter lock
+with the engine, so neither the engine's host work per step nor the fronts' per-request and per-token work
+(parsing, JSON, server-sent events, sockets) waits for the other.  Each front talks to the engine over a
+local socket of its own (:class:`multiprocessing.connection.Connection`, pickled tuples); a front's ``sid``
+numbers its HTTP requests, and the engine keys them by (front, sid):
 
 front -> engine: ``("add", sid, items)`` (items: choice index, prompt ids, params, detokenizer settings),
-``("abort", [request ids])``, ``("metrics", token)``, ``("ready",)`` once it listens, ``("stop",)``.
+``("abort", [request ids])``, ``("metrics", token, model name)``, ``("ready",)`` once it listens,
+``("api_key_set",)`` once it asks for a new key, ``("stop",)`` as it stops.
 engine -> front: ``("answer", sid, [request ids] | error)``, per step one ``("deltas", entries)``, each entry
 ``("delta", request id, text, tokens, logprobs, finish reason, stop reason, prompt logprobs | None)`` or
 ``("fail", sid, message)``, ``("metrics", token, text)``, ``("api_key", key)``, ``("broken", message)``.
@@ -25,6 +28,8 @@ import time
 import traceback
 import uuid
 
+from multiprocessing.connection import wait
+
 from ..request import EngineBroken, Request, RequestError
 from ..scheduler import LLMEngine
 from ..text import ModelText
@@ -42,27 +47,42 @@ class EngineLoop(threading.Thread):
     def __init__(self, engine: LLMEngine, max_waiting: int, text: ModelText) -> None:
         super().__init__(name="quantkit-engine", daemon=True)
         self.engine, self.max_waiting, self.text = engine, max_waiting, text
-        self.conn = None  # the front's socket (multiprocessing Connection), set before start()
-        self.sinks: dict[Request, list] = {}  # request -> [sid, tokens sent, prompt logprobs sent]
+        self.conns: list = []  # the fronts' sockets (multiprocessing Connections), set before start()
+        self.open: dict = {}  # connection -> its front's index, while it is there
+        self.sinks: dict[Request, list] = {}  # request -> [(front, sid), tokens sent, prompt logprobs sent]
         self.by_id: dict[str, Request] = {}
-        self.outbox: list[tuple] = []  # this step's entries for the front
+        self.outbox: dict[int, list[tuple]] = {}  # this step's entries, per front
+        self.waiting_ready = 0  # fronts not listening yet
         self.lock = threading.Lock()  # held while the engine's state changes (readers in this process take it)
         self.send_lock = threading.Lock()  # the connection is written by this thread and by Server (api_key)
         self.error: EngineBroken | None = None  # why the engine stopped for good, if it did
         self.on_ready = self.on_broken = None  # called from this thread: the front listens; the engine broke
         self._stopping = threading.Event()
+        self._acks, self._acked = 0, threading.Event()  # fronts yet to take a new API key; set when none is left
 
     def stop(self) -> None:
         self._stopping.set()
 
-    def send(self, msg: tuple) -> bool:
-        """To the front; False when it is gone."""
+    def send(self, front: int, msg: tuple) -> bool:
+        """To one front; False when it is gone."""
         try:
             with self.send_lock:
-                self.conn.send(msg)
+                self.conns[front].send(msg)
             return True
-        except (OSError, ValueError):  # closed, or a broken pipe: the front went away
+        except (OSError, ValueError):  # closed, or a broken pipe: that front went away
             return False
+
+    def broadcast(self, msg: tuple) -> None:
+        for k in range(len(self.conns)):
+            self.send(k, msg)
+
+    def set_api_key(self, key: str | None, timeout_s: float = 10.0) -> None:
+        """Every front asks for ``key`` from its next request on: returns once each has said it does."""
+        with self.send_lock:
+            self._acks, self._acked = len(self.open), threading.Event()
+        self.broadcast(("api_key", key))
+        if not self._acked.wait(timeout_s if self._acks else 0):
+            raise RuntimeError(f"the HTTP fronts did not take the API key within {timeout_s:g} s")
 
     def run(self) -> None:
         try:
@@ -70,7 +90,7 @@ class EngineLoop(threading.Thread):
         except EngineBroken as e:
             self.error = e
             print(f"error: {e}", file=sys.stderr, flush=True)
-            self.send(("broken", str(e)))
+            self.broadcast(("broken", str(e)))
             if self.on_broken is not None:
                 self.on_broken()
         finally:  # stopped (or broken): requests still running end with an error
@@ -79,15 +99,14 @@ class EngineLoop(threading.Thread):
 
     def _loop(self) -> None:
         tick, ticked = self.engine.idle_tick_s, time.monotonic()  # sharded serving: a heartbeat to the other ranks
-        while not self._stopping.is_set():
-            try:
-                ready = self.conn.poll(0 if self.engine.has_work() else IDLE_POLL_S)
-                while ready:  # while there is work, only take what is already there
-                    if not self._take(self.conn.recv()):
-                        return
-                    ready = self.conn.poll(0)
-            except (EOFError, OSError):  # the front is gone: nothing is left to serve
-                return
+        self.open = {c: k for k, c in enumerate(self.conns)}
+        self.waiting_ready = len(self.conns)
+        while self.open and not self._stopping.is_set():
+            ready = wait(list(self.open), 0 if self.engine.has_work() else IDLE_POLL_S)
+            while ready:  # while there is work, only take what is already there
+                for c in ready:
+                    self._read(c)
+                ready = wait(list(self.open), 0) if self.open else []
             if self.engine.has_work():
                 self._step()
             elif tick is not None and time.monotonic() - ticked >= tick:
@@ -96,7 +115,17 @@ class EngineLoop(threading.Thread):
                     self.engine.tick()
             self._flush()
 
-    def _take(self, msg: tuple) -> bool:
+    def _read(self, conn) -> None:
+        front = self.open[conn]
+        try:
+            if self._take(front, conn.recv()):
+                return
+        except (EOFError, OSError):  # that front is gone
+            pass
+        del self.open[conn]  # it stopped: what it had running ends
+        self._fail_front(front)
+
+    def _take(self, front: int, msg: tuple) -> bool:
         kind = msg[0]
         if kind == "abort":
             with self.lock:
@@ -106,20 +135,26 @@ class EngineLoop(threading.Thread):
                         self.engine.abort(r)
                         self.sinks.pop(r, None)
         elif kind == "add":
-            self.send(("answer", msg[1], self._answer(msg[1], msg[2])))
+            self.send(front, ("answer", msg[1], self._answer((front, msg[1]), msg[2])))
         elif kind == "metrics":
             from ..metrics import render
 
             with self.lock:
-                self.send(("metrics", msg[1], render(self.engine, msg[2])))
+                self.send(front, ("metrics", msg[1], render(self.engine, msg[2])))
+        elif kind == "api_key_set":
+            with self.send_lock:
+                self._acks -= 1
+                if self._acks <= 0:
+                    self._acked.set()
         elif kind == "ready":
-            if self.on_ready is not None:
+            self.waiting_ready -= 1
+            if self.waiting_ready == 0 and self.on_ready is not None:
                 self.on_ready()
         elif kind == "stop":
             return False
         return True
 
-    def _answer(self, sid: int, items: list) -> list[str] | Exception:
+    def _answer(self, sid: tuple[int, int], items: list) -> list[str] | Exception:
         try:
             return [r.id for r in self._add(sid, items)]
         except (RequestError, Busy) as e:
@@ -128,7 +163,7 @@ class EngineLoop(threading.Thread):
             traceback.print_exc(file=sys.stderr)
             return RuntimeError(f"the engine could not take the request: {e}")
 
-    def _add(self, sid: int, items: list) -> list[Request]:
+    def _add(self, sid: tuple[int, int], items: list) -> list[Request]:
         waiting = len(self.engine.waiting)
         if waiting and waiting + len(items) > self.max_waiting:
             raise Busy(f"{waiting} sequences are waiting for admission (at most {self.max_waiting}): try again shortly")
@@ -179,7 +214,7 @@ class EngineLoop(threading.Thread):
         if r.finished:  # the detokenizer was finished with the request: its delta above holds the rest
             del self.sinks[r], self.by_id[r.id]
         if text or tokens or r.finished or prompt_lps is not None:
-            self.outbox.append(("delta", r.id, text, tokens, logprobs, r.finish_reason, r.stop_reason, prompt_lps))
+            self.outbox.setdefault(sid[0], []).append(("delta", r.id, text, tokens, logprobs, r.finish_reason, r.stop_reason, prompt_lps))
 
     def _fail_all(self, message: str) -> None:
         with self.lock:
@@ -187,17 +222,26 @@ class EngineLoop(threading.Thread):
             for r in list(self.sinks):
                 self.engine.abort(r)
             self.sinks.clear(), self.by_id.clear()
-        self.outbox += [("fail", sid, message) for sid in sids]
+        for front, sid in sids:
+            self.outbox.setdefault(front, []).append(("fail", sid, message))
 
-    def _fail_sink(self, sid: int, message: str) -> None:
+    def _fail_sink(self, sid: tuple[int, int], message: str) -> None:
         with self.lock:
             for r in [r for r, sink in self.sinks.items() if sink[0] == sid]:
                 self.engine.abort(r)
                 del self.sinks[r], self.by_id[r.id]
-        self.outbox.append(("fail", sid, message))
+        self.outbox.setdefault(sid[0], []).append(("fail", sid[1], message))
+
+    def _fail_front(self, front: int) -> None:
+        """A front stopped or went away: its sequences still running are aborted, their blocks freed."""
+        with self.lock:
+            for r in [r for r, sink in self.sinks.items() if sink[0][0] == front]:
+                self.engine.abort(r)
+                del self.sinks[r], self.by_id[r.id]
+        self.outbox.pop(front, None)
 
     def _flush(self) -> None:
-        """This step's entries to the front: one message a step, not one per delta."""
-        if self.outbox:
-            self.send(("deltas", self.outbox))
-            self.outbox = []
+        """This step's entries to each front: one message a step, not one per delta."""
+        for front, entries in self.outbox.items():
+            self.send(front, ("deltas", entries))
+        self.outbox = {}

@@ -46,6 +46,10 @@ class Front:
         self.max_model_len, self.vocab_size = cfg.max_model_len, cfg.vocab_size
         self.loop = None  # the EngineClient, made on the event loop
 
+    def set_api_key(self, key: str | None) -> None:
+        self.api_key = key  # read by the Guard at each request head
+        self.loop.send(("api_key_set",))
+
     def run(self, sock: socket.socket) -> None:
         import anyio._backends._asyncio  # noqa: F401 (anyio imports it at a first stream: under EMFILE that import failed, a 500 each)
         import uvicorn
@@ -60,7 +64,7 @@ class Front:
             async def startup(self, sockets=None) -> None:
                 front.loop = EngineClient(front.conn, asyncio.get_running_loop())
                 front.loop.on_gone = lambda: setattr(self, "should_exit", True)
-                front.loop.on_api_key = lambda key: setattr(front, "api_key", key)
+                front.loop.on_api_key = front.set_api_key
                 front.loop.start()
                 await super().startup(sockets)
                 front.loop.send(("ready",))

@@ -36,7 +36,6 @@ from .items import LINEAR, MODULE, Item
 from .qsource import source_scale_fmt
 from .options import ConvertOptions, OptionError, uses_rule
 from .qconfig import quantization_config
-from .registry import build_items
 from .source import TensorLoc, locations, open_source
 
 EXACT_PATHS = ("copy", "copy-fp8-block", "copy-mxfp8", "copy-mxfp4", "mxfp4->mxfp8", "mxfp4->bf16", "mxfp8->bf16")
@@ -175,7 +174,8 @@ def upstream_roles(items: list[Item], to: str, fused_experts: bool) -> list[Item
 
 def make_plan(src: str, o: ConvertOptions) -> Plan:
     s = open_source(src)
-    items = upstream_roles(build_items(s.family.name, s.ckpt, s.model, s.where), o.to, s.family.fused_experts)
+    items = s.family.load("converter")(s.ckpt, s.model, s.where)  # the family's converter: its items in output order
+    items = upstream_roles(items, o.to, s.family.fused_experts)
     if o.ignore and not quantizes(o.to):
         raise OptionError("--ignore applies to quantized targets; --to bf16 quantizes nothing")
     keep = ignored(items, o.ignore)

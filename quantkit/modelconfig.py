@@ -6,7 +6,9 @@ Keys: a setting is read under every name that transformers 4.x and 5.x (each con
 ``attribute_map``) and the upstream repositories write for that family, e.g. Qwen3-MoE's expert
 count is ``num_experts`` (4.x, Qwen's repositories) or ``num_local_experts`` (5.x).  Either is
 accepted; both present and disagreeing is refused.  A key transformers does not map for a family
-is not read for it (transformers would ignore it too).
+is not read for it (transformers would ignore it too).  The family's module (:mod:`quantkit.families`) lists
+its keys and the rest of what sets it apart (:class:`~quantkit.families.Arch`: dense or MoE, which layers
+are sparse, MLA, shared experts, grouped routing, defaults), so nothing here names a family.
 
 Defaults for an absent key are the transformers config class defaults where every real
 checkpoint may omit the key (head_dim, sparse-layer spacing); the dimensions a model cannot be

@@ -2,8 +2,9 @@
 
 A format module defines one subclass of :class:`Format` that sets ``name``; defining the class registers one
 instance of it (as gguf-py's quantization classes register by subclassing), so a format is added in one file.
-``convert --to``, ``inspect``, the engine's quantized linear (:mod:`quantkit.engine.qlinear`), the fused MoE
-and the kernels' references ask the registered object instead of branching on a name:
+``quantkit convert`` (its ``--to`` choices, what it writes), the engine's quantized linear and MoE
+(:mod:`quantkit.engine.qlinear`), the fused MoE op and the kernels' references ask the registered object instead of
+branching on a name (``inspect`` reports formats by these names):
 
 * identity: ``name``, ``description``, ``scale_suffix`` (the scale beside ``weight`` on disk), ``is_target``
   (a serving target, DESIGN.md's table), ``convert_to`` (``quantkit convert --to`` writes it);
@@ -252,9 +253,6 @@ class Bf16(Format):
     description = "plain BF16 weights"
     is_target = True
     convert_to = True
-
-    def uses_rule(self, scale_fmt: str | None) -> bool:
-        return False
 
     def qconfig(self, scale_fmt: str | None, kept: list[str], unquantized: list[str], fused: bool) -> dict | None:
         return None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 
+from . import families
 from .checkpoint import Checkpoint, TensorInfo
 
 TRANSFORMERS = "transformers 5.24"
@@ -45,7 +46,7 @@ def _ct_experts(ck: Checkpoint, family: str | None) -> list[str]:
     quantized = [n for n, t in ck.tensors.items() if EXPERT.search(n) and (t.dtype == "F8_E4M3" or n.endswith(".weight_packed"))]
     if not quantized:
         return []
-    if family == "gpt-oss":
+    if family is not None and families.get(family).fused_experts:
         why = "the fused GPT-OSS expert names with F8 weights are quantkit's own (no ecosystem convention exists)"
     else:
         why = ("it fuses the per-expert weights into [E, ...] tensors and its compressed-tensors dequantizer does not fit "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from . import families
 from .checkpoint import Checkpoint, CheckpointError, TensorInfo
 from .modelconfig import ModelConfig, read
 
@@ -38,7 +39,7 @@ def gqa_attention(mc: ModelConfig, p: str) -> Shapes:
         out[f"{p}self_attn.{n}_proj.weight"] = (rows, cols)
         if mc.attention_bias:
             out[f"{p}self_attn.{n}_proj.bias"] = (rows,)
-    if mc.family == "gpt-oss":
+    if families.get(mc.family).arch.sinks:
         out[f"{p}self_attn.sinks"] = (mc.heads,)
     else:
         out |= {f"{p}self_attn.q_norm.weight": (mc.head_dim,), f"{p}self_attn.k_norm.weight": (mc.head_dim,)}
@@ -62,13 +63,13 @@ def mla_attention(mc: ModelConfig, p: str) -> Shapes:
 def moe(mc: ModelConfig, p: str, expert_ids: list[int]) -> Shapes:
     """The MoE block of a layer: router, routed experts (those in ``expert_ids``), shared experts."""
     E, H = mc.experts, mc.hidden
-    m = f"{p}mlp."
-    if mc.family == "gpt-oss":  # the fused weights are logical [E, out, in] entries, checked by fused_shape
+    m, fam = f"{p}mlp.", families.get(mc.family)
+    if fam.fused_experts:  # GPT-OSS: the fused weights are logical [E, out, in] entries, checked by fused_shape
         return {m + "router.weight": (E, H), m + "router.bias": (E,), m + "experts.gate_up_proj": (E, 2 * mc.intermediate, H),
                 m + "experts.gate_up_proj_bias": (E, 2 * mc.intermediate), m + "experts.down_proj": (E, H, mc.intermediate),
                 m + "experts.down_proj_bias": (E, H)}
     out: Shapes = {m + "gate.weight": (E, H)}
-    if mc.family == "deepseek-v3" and mc.raw.get("topk_method", "noaux_tc") == "noaux_tc":
+    if fam.arch.grouped_routing and mc.raw.get("topk_method", "noaux_tc") == "noaux_tc":
         out[m + "gate.e_score_correction_bias"] = (E,)
     for e in expert_ids:
         out |= mlp(f"{m}experts.{e}.", mc.moe_intermediate, H)

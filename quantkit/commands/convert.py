@@ -6,13 +6,20 @@ import json
 
 import click
 
-from . import QUIET
+from . import QUIET, RegistryChoice
+
+
+def targets() -> list[str]:
+    """The registered formats ``convert`` writes (:func:`quantkit.formats.convert_targets`)."""
+    from ..formats import convert_targets
+
+    return convert_targets()
 
 
 @click.command()
 @click.argument("src", type=click.Path(exists=True, file_okay=False))
 @click.argument("dst", type=click.Path())
-@click.option("--to", "to", required=True, type=click.Choice(["fp8-block", "mxfp8", "mxfp4", "bf16"]), help="Target format (mxfp4: GPT-OSS's own layout for its experts; compressed-tensors MXFP4 for other families).")
+@click.option("--to", "to", required=True, type=RegistryChoice(targets), help="Target format (mxfp4: GPT-OSS's own layout for its experts; compressed-tensors MXFP4 for other families).")
 @click.option("--rounding", type=click.Choice(["nearest", "stochastic"]), default="nearest", show_default=True,
               help="Element rounding (exact paths round nothing).")
 @click.option("--seed", type=int, default=None, help="Seed of --rounding stochastic (default 0).")

@@ -1,7 +1,7 @@
 """``quantkit convert``: requantize a checkpoint into fp8-block, mxfp8 or bf16, streaming, atomic, verified.
 
-One module per family (gpt_oss, deepseek, qwen3) turns the source's tensors into conversion items
-(rename tables as data, the few real transforms as code); :mod:`plan` decides every output tensor
+One module per family (gpt_oss, deepseek, qwen3; the family's ``converter``, :mod:`quantkit.families`) turns the
+source's tensors into conversion items (rename tables as data, the few real transforms as code); :mod:`plan` decides every output tensor
 and its path from the headers alone; :mod:`engine` streams the shards (in worker processes when
 asked) through :class:`~quantkit.writer.CheckpointWriter`; :mod:`targets` does the numerics
 with the formats/ reference (or quantkit.kernels on CUDA).
@@ -17,16 +17,14 @@ from pathlib import Path
 from .. import destination
 from ..checkpoint import CheckpointError
 from ..writer import CheckpointWriter
-from . import deepseek, gpt_oss, qwen3  # noqa: F401  (each registers its family)
 from .engine import FIDELITY_DIR, execute, load_fidelity
 from .memory import RssSampler
 from .options import ConvertOptions, OptionError
 from .plan import Plan, make_plan
 from .provenance import FILE_HASH, SourceHashes
-from .registry import BUILDERS
 from .report import dry_report, run_report
 
-__all__ = ["BUILDERS", "ConvertOptions", "OptionError", "Plan", "convert", "make_plan"]
+__all__ = ["ConvertOptions", "OptionError", "Plan", "convert", "make_plan"]
 
 
 def check_paths(src: Path, dst: Path) -> None:

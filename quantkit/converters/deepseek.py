@@ -21,6 +21,5 @@ The shapes come from :mod:`quantkit.modelshapes` (the config as :mod:`quantkit.m
 from __future__ import annotations
 
 from .kept import build
-from .registry import register
 
-register("deepseek-v3", build)
+__all__ = ["build"]  # the family's converter: names kept (quantkit.families.deepseek_v3)

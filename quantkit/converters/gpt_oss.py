@@ -25,7 +25,6 @@ from ..checkpoint import Checkpoint, CheckpointError
 from ..families import FAMILIES
 from ..modelconfig import ModelConfig
 from .items import Expect, Item
-from .registry import register
 
 # HF root name (per layer, after "model.layers.{i}.") -> original name (after "block.{i}.")
 ORIGINAL_LAYER = {
@@ -162,6 +161,3 @@ def hf_config(original: dict, where: str) -> dict:
     except KeyError as e:
         raise CheckpointError(f"{where}: the original/ config.json has no {e.args[0]!r}") from None
     return cfg
-
-
-register("gpt-oss", build)

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from ..formats import exact, fp8_block, lut, mxfp4, mxfp8
+from .. import formats
+from ..formats import exact, fp8_block, lut, mxfp8
 from ..formats.fp8 import E4M3_MAX
 from ..formats.rounding import Rounding
 from .options import OptionError
@@ -69,6 +70,11 @@ def fp8_block_into(x: torch.Tensor, q_out: torch.Tensor, scale_fmt: str, rule: s
     return s
 
 
+# formats with CPU fast paths (nearest rounding): quantized straight into the output, dequantized into reused buffers
+QUANTIZE_INTO: dict[str, Callable[..., torch.Tensor]] = {"fp8-block": fp8_block_into}
+DEQUANT_SCRATCH: dict[str, Callable[..., torch.Tensor]] = {"fp8-block": lut.fp8_block_dequant}
+
+
 class Ops:
     def __init__(self, device: str) -> None:
         if device == "cuda" and not torch.cuda.is_available():
@@ -82,8 +88,22 @@ class Ops:
 
     def _call(self, op: str, *args: Any, **kwargs: Any) -> Any:
         if self.dispatcher is None:
-            return REFERENCE[op](*args, **kwargs)
+            return (REFERENCE.get(op) or formats.reference(op))(*args, **kwargs)
         return self.dispatcher.call(op, *args, **kwargs)
+
+    def quantize(self, fmt: formats.Format, x: torch.Tensor, scale_fmt: str, rule: str, r: Rounding, into: torch.Tensor,
+                 scratch: lut.Scratch | None) -> tuple[tuple[torch.Tensor, ...], bool]:  # fmt: skip
+        """Rows x [r, K] float32 -> (the format's stored tensors' rows, whether the weight was written into ``into``,
+        its output rows): on a CPU with nearest rounding fp8-block's codes are cast straight there (:func:`fp8_block_into`)."""
+        if fmt.name in QUANTIZE_INTO and self._cpu_scratch(scratch) and not r.stochastic:
+            return (into, QUANTIZE_INTO[fmt.name](x, into, scale_fmt, rule, scratch)), True
+        return fmt.quantize(self._call, x, scale_fmt, rule, r), False
+
+    def dequantize(self, fmt: formats.Format, *parts: torch.Tensor, scratch: lut.Scratch | None = None) -> torch.Tensor:
+        """:meth:`quantize`'s tensors -> float32 rows; fp8-block's with ``scratch`` (CPU only) into a reused buffer."""
+        if fmt.name in DEQUANT_SCRATCH and self._cpu_scratch(scratch):
+            return DEQUANT_SCRATCH[fmt.name](*parts, scratch=scratch)
+        return fmt.dequantize(self._call, *parts)
 
     def _cpu_scratch(self, scratch: lut.Scratch | None) -> bool:
         """Whether to use ``scratch`` (CPU buffers); one given for a CUDA device is a caller's bug."""
@@ -99,25 +119,11 @@ class Ops:
         """[rows, K] float32 (rows a multiple of 128 but for the last band) -> (E4M3, F32 tile scales)."""
         return self._call("fp8_block_quantize_weight", x, scale_fmt, rule, r)
 
-    def fp8_block_into(self, x: torch.Tensor, q_out: torch.Tensor, scale_fmt: str, rule: str, scratch: lut.Scratch) -> torch.Tensor:
-        """CPU, nearest rounding: :func:`fp8_block_into` (codes into ``q_out``, scales returned)."""
-        self._cpu_scratch(scratch)
-        return fp8_block_into(x, q_out, scale_fmt, rule, scratch)
-
     def fp8_dequant(self, q: torch.Tensor, s: torch.Tensor, scratch: lut.Scratch | None = None) -> torch.Tensor:
         """With ``scratch`` (CPU only): into a buffer reused by the next call (:class:`lut.Scratch`)."""
         if self._cpu_scratch(scratch):
             return lut.fp8_block_dequant(q, s, scratch=scratch)
         return self._call("fp8_block_dequant", q, s)
-
-    def mxfp8(self, x: torch.Tensor, rule: str, r: Rounding) -> tuple[torch.Tensor, torch.Tensor]:
-        """[rows, K] float32 -> (E4M3, U8 E8M0 [rows, K/32])."""
-        return self._call("mxfp8_quantize", x, rule, r)
-
-    def mxfp4(self, x: torch.Tensor, rule: str, r: Rounding) -> tuple[torch.Tensor, torch.Tensor]:
-        """[rows, K] float32 -> (blocks U8 [rows, K/32, 16], U8 E8M0 [rows, K/32]): the formats/
-        reference on either device (no kernel registers an MXFP4 quantizer; a conversion-time op)."""
-        return mxfp4.encode(x, rule, r)
 
     def mxfp8_dequant(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         return self._call("mxfp8_dequant", q, s)

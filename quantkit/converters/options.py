@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from .. import formats
 from ..formats import e8m0
 from ..formats.fp8_block import SCALE_FMTS
 from ..formats.rounding import HASH_ID, MODES, Rounding
 
-TARGETS = ("fp8-block", "mxfp8", "mxfp4", "bf16")
 DEVICES = ("cpu", "cuda")
 DEFAULT_SHARD_SIZE = 5_000_000_000  # 5 GB, as transformers' save_pretrained
 # elements per chunk of work, by device: bounds the float32 temporaries (about 40 bytes per element
@@ -69,26 +69,38 @@ class ConvertOptions:
 
 
 def uses_rule(to: str, scale_fmt: str | None) -> bool:
-    """An E8M0 scale rule decides bytes for mxfp8, mxfp4 and power-of-two fp8-block scales."""
-    return to in ("mxfp8", "mxfp4") or (to == "fp8-block" and scale_fmt == "ue8m0")
+    """An E8M0 scale rule decides bytes for mxfp8, mxfp4 and power-of-two fp8-block scales (the target format says)."""
+    return formats.get(to).uses_rule(scale_fmt)
+
+
+def _rule_targets() -> tuple[list[str], list[str]]:
+    """(targets whose scales are E8M0, targets with a --scale-fmt choice): whom --scale-rule and --scale-fmt concern."""
+    fs = [formats.get(n) for n in formats.convert_targets()]
+    return [f.name for f in fs if f.weight_scale is not None and f.weight_scale.e8m0], [f.name for f in fs if f.scale_fmts]
+
+
+def _check_scales(o: ConvertOptions, fmt: formats.Format) -> None:
+    e8, choosing = _rule_targets()
+    if o.scale_rule is not None:
+        e8m0.check_rule(o.scale_rule)
+        if not fmt.uses_rule(o.scale_fmt) and not (fmt.scale_fmts and o.scale_fmt is None):  # an unset --scale-fmt may be ue8m0
+            raise OptionError(f"--scale-rule applies to --to {', '.join(e8)} and to {', '.join(choosing)} with --scale-fmt ue8m0 only")
+    if o.scale_fmt is not None:
+        if o.scale_fmt not in SCALE_FMTS:
+            raise OptionError(f"--scale-fmt must be one of {', '.join(SCALE_FMTS)}, not {o.scale_fmt!r}")
+        if not fmt.scale_fmts:
+            raise OptionError(f"--scale-fmt applies to --to {', '.join(choosing)} only ({' and '.join(e8)} scales are always E8M0)")
 
 
 def check(o: ConvertOptions) -> None:
-    if o.to not in TARGETS:
-        raise OptionError(f"--to must be one of {', '.join(TARGETS)}, not {o.to!r}")
+    targets = formats.convert_targets()
+    if o.to not in targets:
+        raise OptionError(f"--to must be one of {', '.join(targets)}, not {o.to!r}")
     if o.rounding not in MODES:
         raise OptionError(f"--rounding must be one of {', '.join(MODES)}, not {o.rounding!r}")
     if o.seed is not None and o.rounding != "stochastic":
         raise OptionError("--seed only applies with --rounding stochastic")
-    if o.scale_rule is not None:
-        e8m0.check_rule(o.scale_rule)
-        if o.to == "bf16" or (o.to == "fp8-block" and o.scale_fmt == "float"):
-            raise OptionError("--scale-rule applies to --to mxfp8, mxfp4 and to fp8-block with --scale-fmt ue8m0 only")
-    if o.scale_fmt is not None:
-        if o.scale_fmt not in SCALE_FMTS:
-            raise OptionError(f"--scale-fmt must be one of {', '.join(SCALE_FMTS)}, not {o.scale_fmt!r}")
-        if o.to != "fp8-block":
-            raise OptionError("--scale-fmt applies to --to fp8-block only (mxfp8 and mxfp4 scales are always E8M0)")
+    _check_scales(o, formats.get(o.to))
     if o.device not in DEVICES:
         raise OptionError(f"--device must be one of {', '.join(DEVICES)}, not {o.device!r}")
     if o.workers < 1:

@@ -29,13 +29,13 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from .. import formats
 from ..checkpoint import DTYPES, CheckpointError
 from ..writer import ShardPlan, TensorSpec, plan_shards
-from .items import LINEAR, MODULE, MX, TILE, Item, cdiv
+from .items import LINEAR, MODULE, Item
 from .qsource import source_scale_fmt
 from .options import ConvertOptions, OptionError, uses_rule
 from .qconfig import quantization_config
-from .registry import build_items
 from .source import TensorLoc, locations, open_source
 
 EXACT_PATHS = ("copy", "copy-fp8-block", "copy-mxfp8", "copy-mxfp4", "mxfp4->mxfp8", "mxfp4->bf16", "mxfp8->bf16")
@@ -45,7 +45,7 @@ EXACT_PATHS = ("copy", "copy-fp8-block", "copy-mxfp8", "copy-mxfp4", "mxfp4->mxf
 class Task:
     item: Item
     path: str
-    target: str  # "fp8-block" | "mxfp8" | "bf16" | "keep"
+    target: str  # a quantized format (--to), "bf16" or "keep"
     outputs: tuple[TensorSpec, ...]  # the weight (or tensor) first, then its scale
 
     @property
@@ -110,19 +110,12 @@ def ignored(items: list[Item], patterns: tuple[str, ...]) -> set[str]:
 
 
 def quant_specs(item: Item, to: str) -> tuple[TensorSpec, ...]:
-    *lead, n, k = item.shape
-    w = TensorSpec(item.name, torch.float8_e4m3fn, item.shape)
-    if to == "fp8-block":
-        return w, TensorSpec(item.name + "_scale_inv", torch.float32, (*lead, cdiv(n, TILE), cdiv(k, TILE)))
-    if k % MX:
-        raise CheckpointError(f"{item.name}: K={k} is not a multiple of {MX}; {to.upper()} has no layout for a partial 1x32 block (keep it with --ignore)")
-    if to == "mxfp4" and item.fused:  # GPT-OSS upstream: <p>_blocks [E, N, K/32, 16], <p>_scales [E, N, K/32]
-        return (TensorSpec(item.name + "_blocks", torch.uint8, (*lead, n, k // MX, MX // 2)),
-                TensorSpec(item.name + "_scales", torch.uint8, (*lead, n, k // MX)))
-    if to == "mxfp4":  # compressed-tensors mxfp4-pack-quantized: weight_packed [N, K/2], weight_scale [N, K/32]
-        return (TensorSpec(item.module + ".weight_packed", torch.uint8, (*lead, n, k // 2)),
-                TensorSpec(item.module + ".weight_scale", torch.uint8, (*lead, n, k // MX)))
-    return w, TensorSpec(item.name + "_scale", torch.uint8, (*lead, n, k // MX))
+    """The tensors the target format writes a weight as (:meth:`quantkit.formats.Format.stored`), the weight first."""
+    try:
+        specs = formats.get(to).stored(item.name, item.module, item.shape, item.fused)
+    except ValueError as e:
+        raise CheckpointError(f"{item.name}: {e}") from None
+    return tuple(TensorSpec(*s) for s in specs)
 
 
 def plain_spec(item: Item, dtype: torch.dtype) -> TensorSpec:
@@ -146,7 +139,7 @@ def quantized_path(kind: str, to: str, scale_fmt: str | None, src_fmt: str | Non
 
 def decide(item: Item, o: ConvertOptions, keep: set[str], scale_fmt: str | None, src_fmt: str | None) -> Task:
     kind = item.source.kind
-    if item.role == LINEAR and o.to != "bf16" and item.name not in keep:
+    if item.role == LINEAR and quantizes(o.to) and item.name not in keep:
         return Task(item, quantized_path(kind, o.to, scale_fmt, src_fmt), o.to, quant_specs(item, o.to))
     if kind in ("mxfp4", "mxfp8"):
         return Task(item, f"{kind}->bf16", "bf16", (plain_spec(item, torch.bfloat16),))
@@ -157,12 +150,17 @@ def decide(item: Item, o: ConvertOptions, keep: set[str], scale_fmt: str | None,
     return Task(item, "copy", "keep", (plain_spec(item, DTYPES[item.source.dtype]),))
 
 
+def quantizes(to: str) -> bool:
+    """Whether target ``to`` quantizes projections (every one but bf16)."""
+    return formats.get(to).weight_scale is not None
+
+
 def resolve_scale_fmt(o: ConvertOptions, src_fmt: str | None) -> str | None:
-    if o.to != "fp8-block":
+    if not formats.get(o.to).scale_fmts:
         return None
     fmt = o.scale_fmt or src_fmt or "float"
     if o.scale_rule is not None and not uses_rule(o.to, fmt):
-        raise OptionError(f"--scale-rule does not apply: fp8-block scales here are {fmt!r} (pass --scale-fmt ue8m0)")
+        raise OptionError(f"--scale-rule does not apply: {o.to} scales here are {fmt!r} (pass --scale-fmt ue8m0)")
     return fmt
 
 
@@ -176,8 +174,9 @@ def upstream_roles(items: list[Item], to: str, fused_experts: bool) -> list[Item
 
 def make_plan(src: str, o: ConvertOptions) -> Plan:
     s = open_source(src)
-    items = upstream_roles(build_items(s.family.name, s.ckpt, s.model, s.where), o.to, s.family.fused_experts)
-    if o.ignore and o.to == "bf16":
+    items = s.family.load("converter")(s.ckpt, s.model, s.where)  # the family's converter: its items in output order
+    items = upstream_roles(items, o.to, s.family.fused_experts)
+    if o.ignore and not quantizes(o.to):
         raise OptionError("--ignore applies to quantized targets; --to bf16 quantizes nothing")
     keep = ignored(items, o.ignore)
     src_fmt = source_scale_fmt(s.config, s.where)

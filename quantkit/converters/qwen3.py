@@ -18,7 +18,5 @@ Qwen's own FP8 releases store the same names with F8_E4M3 weights and ``weight_s
 from __future__ import annotations
 
 from .kept import build
-from .registry import register
 
-register("qwen3", build)
-register("qwen3-moe", build)
+__all__ = ["build"]  # both families' converter: names kept (quantkit.families.qwen3)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import finite
+from .. import finite, formats
 from ..checkpoint import CheckpointError
 from ..formats import exact, fp8_block
 from ..formats.lut import Scratch
@@ -29,6 +29,7 @@ from .fidelity import Fidelity
 from .items import TILE, cdiv
 from .ops import Ops
 from .plan import EXACT_PATHS, Task
+from .qconfig import PLAIN
 from .source import Reader
 
 COPY_PATHS = ("copy", "copy-fp8-block", "copy-mxfp8", "copy-mxfp4")  # outputs are views of the source, nothing computed
@@ -93,29 +94,19 @@ def copy_task(task: Task, reader: Reader, ctx: Context) -> tuple[dict[str, torch
 
 
 def quant_step(task: Task, dec: Decoder, out: list[torch.Tensor], ctx: Context, r: Rounding, scratch: Scratch | None) -> Step:
-    L, (n, k) = lead(task.item.shape), task.item.shape[-2:]
-    w = out[0].view(L, n, k // 2) if task.target == "mxfp4" else out[0].view(L, n, k)
-    s = out[1].view(L, *out[1].shape[-2:])
-    fmt = ctx.scale_fmt or "float"
+    """Rows of the source quantized to the target format (:meth:`quantkit.formats.Format.quantize`), each stored tensor's
+    rows put in place (a row of fp8-block's scales covers 128 weight rows), and dequantized for the fidelity."""
+    fmt, L, n, k = formats.get(task.target), lead(task.item.shape), *task.item.shape[-2:]
+    views = [o.view(L, cdiv(n, rows), -1) for o, rows in zip(out, fmt.row_blocks, strict=True)]  # [L, stored rows, ...]
+    scale_fmt = ctx.scale_fmt or "float"
 
     def step(l: int, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         x = dec.rows(l, a, b)
-        rr = r.at((l * n + a) * k)
-        if task.target == "fp8-block":
-            if scratch is not None and not rr.stochastic:  # CPU, nearest: codes cast into the output
-                q, sc = w[l, a:b], ctx.ops.fp8_block_into(x, w[l, a:b], fmt, ctx.rule, scratch)
-            else:
-                q, sc = ctx.ops.fp8_block(x, fmt, ctx.rule, rr)
-                put(w[l, a:b], q)
-            put(s[l, a // TILE : cdiv(b, TILE)], sc)
-            return x, ctx.ops.fp8_dequant(q, sc, scratch)
-        if task.target == "mxfp4":  # codes [r, K/32, 16] into the packed rows [r, K/2]
-            blocks, sc = ctx.ops.mxfp4(x, ctx.rule, rr)
-            put(w[l, a:b], blocks.view(b - a, k // 2)), put(s[l, a:b], sc)
-            return x, ctx.ops.mxfp4_decode(blocks, sc)
-        q, sc = ctx.ops.mxfp8(x, ctx.rule, rr)
-        put(w[l, a:b], q), put(s[l, a:b], sc)
-        return x, ctx.ops.mxfp8_dequant(q, sc)
+        parts, into = ctx.ops.quantize(fmt, x, scale_fmt, ctx.rule, r.at((l * n + a) * k), views[0][l, a:b], scratch)
+        for view, t, rows in zip(views, parts, fmt.row_blocks, strict=True):
+            if not into or t is not parts[0]:  # a weight quantized into its output is in place already
+                put(view[l, a // rows : cdiv(b, rows)], t.reshape(-(-(b - a) // rows), -1))
+        return x, ctx.ops.dequantize(fmt, *parts, scratch=scratch)
 
     return step
 
@@ -195,7 +186,7 @@ def make_step(task: Task, dec: Decoder, out: list[torch.Tensor], ctx: Context, p
         return exact_mx_step(task, dec, out, ctx.ops)
     if path == "mxfp8->fp8-block":
         return mx_to_blocks_step(task, dec, out, ctx, r, tiles)
-    if task.target in ("fp8-block", "mxfp8", "mxfp4"):
+    if task.target not in PLAIN:  # a quantized format
         return quant_step(task, dec, out, ctx, r, scratch)
     return bf16_step(task, dec, out, r)
 

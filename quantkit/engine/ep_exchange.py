@@ -37,6 +37,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .. import formats
+
 
 @dataclass
 class Traffic:
@@ -60,9 +62,11 @@ def destination_slots(idx: torch.Tensor, owner: torch.Tensor, world: int) -> tor
 
 
 def row_bytes(hidden: int, k: int, payload: str) -> int:
-    """Bytes of one dispatched row: the hidden state (``bf16``, ``f32``, ``fp8-block``: E4M3 + a float32
-    scale per 128, ``mxfp8``: E4M3 + an E8M0 byte per 32) plus the k int64 ids and k float32 weights."""
-    x = {"bf16": 2 * hidden, "f32": 4 * hidden, "fp8-block": hidden + 4 * -(-hidden // 128), "mxfp8": hidden + hidden // 32}[payload]
+    """Bytes of one dispatched row: the hidden state (``bf16``, ``f32``, or quantized as a format's activations:
+    E4M3 + its scales, ``fp8-block`` a float32 per 128, ``mxfp8`` an E8M0 byte per 32) plus the k int64 ids and
+    k float32 weights."""
+    plain = {"bf16": 2, "f32": 4}
+    x = plain[payload] * hidden if payload in plain else hidden + formats.get(payload).act_scale.row_bytes(hidden)
     return x + 12 * k
 
 

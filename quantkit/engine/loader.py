@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
+from .. import families
 from ..checkpoint import MANIFEST, Checkpoint, CheckpointError, load_json_object
 from ..kernels.dispatch import AUTO, Dispatcher
 from ..modelshapes import verify
 from .model import CausalLM
-from .models import MODELS
 from .weights import QuantScheme, Weights
 
 
@@ -64,7 +64,7 @@ def load(
     scheme = QuantScheme.from_config(ckpt.config, manifest, act_quant, scale_mn)
     w = Weights(ckpt, device, dtype, scheme, ops)
     with torch.no_grad():
-        model = MODELS[mc.family](mc, w)
+        model = families.get(mc.family).load("engine")(mc, w)  # the family's model file: build(mc, weights)
     w.check_all_used()
     model.ops = ops  # the dispatcher every layer calls: model.ops.ran names the backend of each op
     return model.eval()

@@ -1,14 +1,16 @@
 """Quantized linear weights and :func:`linear`, the one place a model touches quantized math.
 
-A weight is a small module holding its packed buffers (gpt-fast style), out x in like
-``nn.Linear``, optionally stacked over experts ([E, N, K]):
+A weight is a small module holding its packed buffers (gpt-fast style), out x in like ``nn.Linear``, optionally
+stacked over experts ([E, N, K]): :class:`Dense` (``w`` BF16/F32 [.., N, K]) or :class:`Quantized`, a weight of a
+registered format (:mod:`quantkit.formats`), whose format object says everything this module asks: the buffers
+(named as on the format's ``buffers``), their check, the dequantization op, the activation quantization its GEMM
+takes (``act_scale``) and the GEMM op.  The built-in formats also have named classes here (the same behaviour):
 
-| format      | buffers (on-disk names)                                   | activations when ``act`` is set          |
-|-------------|-----------------------------------------------------------|------------------------------------------|
-| ``dense``   | ``w`` BF16/F32 [.., N, K]                                 | none                                     |
-| ``fp8-block``| ``q`` F8_E4M3 [.., N, K] + ``scale_inv`` F32 [.., ceil(N/128), ceil(K/128)] | E4M3 per token per 128 channels (DeepSeek act_quant) |
-| ``mxfp8``   | ``q`` F8_E4M3 [.., N, K] + ``scale`` U8 E8M0 [.., N, K/32] | E4M3 per token per 32 channels, E8M0     |
-| ``mxfp4``   | ``blocks`` U8 [.., N, K/32, 16] + ``scales`` U8 [.., N, K/32] (GPT-OSS) | none (GPT-OSS serves MXFP4 as w4a16) |
+| format       | class      | buffers                                                            | activations when ``act`` is set |
+|--------------|------------|--------------------------------------------------------------------|---------------------------------|
+| ``fp8-block``| Fp8Block   | ``q`` F8_E4M3 [.., N, K] + ``scale_inv`` F32 [.., ceil(N/128), ceil(K/128)] | E4M3 per token per 128 channels (DeepSeek act_quant) |
+| ``mxfp8``    | Mxfp8      | ``q`` F8_E4M3 [.., N, K] + ``scale`` U8 E8M0 [.., N, K/32]          | E4M3 per token per 32 channels, E8M0 |
+| ``mxfp4``    | Mxfp4      | ``blocks`` U8 [.., N, K/32, 16] + ``scales`` U8 [.., N, K/32] (GPT-OSS) | none (GPT-OSS serves MXFP4 as w4a16) |
 
 Numerics (the spec every kernel reproduces): the activation is quantized dynamically and
 dequantized (:mod:`quantkit.formats`), the weight is dequantized, and the product
@@ -21,10 +23,9 @@ last -- the formats references on CPU; on GPUs the leaf its selection chose, e.g
 
 | weight                          | ops                                                            |
 |---------------------------------|----------------------------------------------------------------|
-| fp8-block / mxfp8, ``act`` set  | ``act_quant_fp8_block`` / ``act_quant_mxfp8``, then ``gemm_fp8_block`` / ``gemm_mxfp8`` |
-| fp8-block / mxfp8, ``act`` None | ``fp8_block_dequant`` / ``mxfp8_dequant``, then a float32 matmul |
-| mxfp4 (w4a16), dense            | ``mxfp4_decode`` (dense: none), then a float32 matmul            |
-| fp8-block / mxfp8, input already quantized (:func:`linear_quantized`, ``Linear.quantized``) | the GEMM op only |
+| ``act`` set (fp8-block, mxfp8)  | the format's activation quantizer (``act_quant_fp8_block`` / ``act_quant_mxfp8``), then its ``gemm_op`` |
+| ``act`` None                    | the format's dequantizer (``fp8_block_dequant``, ``mxfp8_dequant``, ``mxfp4_decode``; dense: none), then a float32 matmul |
+| input already quantized (:func:`linear_quantized`, ``Linear.quantized``) | the GEMM op only |
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..formats import e8m0, fp8_block, mxfp4, mxfp8
+from .. import formats
+from ..formats import Format, e8m0
+from ..formats.fp8_block import SCALE_FMTS
 from ..kernels.dispatch import Dispatcher
 
 
@@ -43,17 +46,23 @@ from ..kernels.dispatch import Dispatcher
 class ActQuant:
     """Dynamic activation quantization of a quantized linear's input."""
 
-    kind: str  # "fp8-block" (1x128, F32 or UE8M0 scales) or "mxfp8" (1x32, E8M0)
+    kind: str  # a format with activation quantization (formats.act_formats(): fp8-block 1x128, mxfp8 1x32 E8M0)
     scale_fmt: str = "float"  # fp8-block only: "float" | "ue8m0"
     rule: str = e8m0.DEFAULT_RULE  # E8M0 scale rule (mxfp8, and fp8-block ue8m0)
     scale_mn: bool = False  # fp8-block only: scales written MN-major (formats.fp8_block.empty_act_scales), as DeepGEMM reads them
 
     def __post_init__(self) -> None:
-        if self.kind not in ("fp8-block", "mxfp8") or self.scale_fmt not in fp8_block.SCALE_FMTS:
-            raise ValueError(f"activation quantization {self.kind!r} / scale format {self.scale_fmt!r} is not one of fp8-block (float, ue8m0), mxfp8")
-        if self.scale_mn and self.kind != "fp8-block":
+        kinds = formats.act_formats()
+        if self.kind not in kinds or self.scale_fmt not in SCALE_FMTS:
+            raise ValueError(f"activation quantization {self.kind!r} / scale format {self.scale_fmt!r} is not one of "
+                             f"{', '.join(kinds)} / {', '.join(SCALE_FMTS)}")  # fmt: skip
+        if self.scale_mn and not self.format.scale_mn:
             raise ValueError(f"MN-major activation scales are an fp8-block layout, not {self.kind}'s")
         e8m0.check_rule(self.rule)
+
+    @property
+    def format(self) -> Format:
+        return formats.get(self.kind)
 
     def layout(self) -> dict[str, bool]:
         """The quantizer ops' keyword for the scale layout (none for the default, row-major)."""
@@ -99,68 +108,63 @@ class Dense(QWeight):
         return _sel(self.w, expert).to(torch.float32)
 
 
-class Fp8Block(QWeight):
-    fmt = "fp8-block"
+class Quantized(QWeight):
+    """A weight of a registered format: its packed tensors as buffers named as ``format.buffers``."""
 
-    def __init__(self, q: torch.Tensor, scale_inv: torch.Tensor, act: ActQuant | None, ops: Dispatcher | None = None) -> None:
-        super().__init__(q.shape[-2:], q.shape[:-2], act, ops)
-        n, k = self.shape
-        want = (*q.shape[:-2], -(-n // fp8_block.BLOCK), -(-k // fp8_block.BLOCK))
-        if q.dtype != torch.float8_e4m3fn or tuple(scale_inv.shape) != want:
-            raise ValueError(f"fp8-block weight {q.dtype}{tuple(q.shape)} needs F8_E4M3 and scales {want}, got {tuple(scale_inv.shape)}")
-        self.register_buffer("q", q)
-        self.register_buffer("scale_inv", scale_inv.to(torch.float32))
+    def __init__(self, fmt: Format | str, *tensors: torch.Tensor, act: ActQuant | None = None, ops: Dispatcher | None = None) -> None:
+        fmt = formats.get(fmt) if isinstance(fmt, str) else fmt
+        self.fmt, self.format = fmt.name, fmt  # plain attributes, set before Module.__init__ for its messages
+        lead, n, k = fmt.shape(tensors)
+        super().__init__((n, k), lead, act, ops)
+        fmt.check(tensors)
+        for name, t in zip(fmt.buffers, fmt.pack(tensors), strict=True):
+            self.register_buffer(name, t)
 
-    def dequant(self, expert: int | None = None) -> torch.Tensor:
-        return self.ops.call("fp8_block_dequant", _sel(self.q, expert), _sel(self.scale_inv, expert))
-
-    def packed(self, expert: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(E4M3 [N, K], F32 scale_inv [ceil(N/128), ceil(K/128)]) as the GEMM op takes them."""
-        return _sel(self.q, expert), _sel(self.scale_inv, expert)
-
-
-class Mxfp8(QWeight):
-    fmt = "mxfp8"
-
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, act: ActQuant | None, ops: Dispatcher | None = None) -> None:
-        super().__init__(q.shape[-2:], q.shape[:-2], act, ops)
-        want = (*q.shape[:-1], q.shape[-1] // mxfp8.BLOCK)
-        if q.dtype != torch.float8_e4m3fn or q.shape[-1] % mxfp8.BLOCK or tuple(scale.shape) != want:
-            raise ValueError(f"mxfp8 weight {q.dtype}{tuple(q.shape)} needs F8_E4M3, K % 32 == 0 and U8 scales {want}, got {tuple(scale.shape)}")
-        self.register_buffer("q", q)
-        self.register_buffer("scale", scale.view(torch.uint8))
+    def packed(self, expert: int | None = None) -> tuple[torch.Tensor, ...]:
+        """The buffers (of ``expert`` when stacked) as the format's ops take them, e.g. fp8-block's (E4M3 [N, K],
+        F32 scale_inv [ceil(N/128), ceil(K/128)])."""
+        return tuple(_sel(getattr(self, name), expert) for name in self.format.buffers)
 
     def dequant(self, expert: int | None = None) -> torch.Tensor:
-        return self.ops.call("mxfp8_dequant", _sel(self.q, expert), _sel(self.scale, expert))
-
-    def packed(self, expert: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(E4M3 [N, K], U8 E8M0 [N, K/32]) as the GEMM op takes them."""
-        return _sel(self.q, expert), _sel(self.scale, expert)
+        return self.format.dequant(self.ops, *self.packed(expert))
 
 
-class Mxfp4(QWeight):
-    fmt = "mxfp4"
+class Fp8Block(Quantized):
+    FORMAT = "fp8-block"
 
-    def __init__(self, blocks: torch.Tensor, scales: torch.Tensor, ops: Dispatcher | None = None) -> None:
-        super().__init__((blocks.shape[-3], blocks.shape[-2] * mxfp4.BLOCK), blocks.shape[:-3], None, ops)
-        if blocks.dtype != torch.uint8 or blocks.shape[:-1] != scales.shape or blocks.shape[-1] != mxfp4.BLOCK // 2:
-            raise ValueError(f"mxfp4 blocks {tuple(blocks.shape)} / scales {tuple(scales.shape)} are not U8 [.., N, K/32, 16] / [.., N, K/32]")
-        self.register_buffer("blocks", blocks)
-        self.register_buffer("scales", scales.view(torch.uint8))
-
-    def dequant(self, expert: int | None = None) -> torch.Tensor:
-        return self.ops.call("mxfp4_decode", _sel(self.blocks, expert), _sel(self.scales, expert), torch.float32)
+    def __init__(self, q: torch.Tensor, scale_inv: torch.Tensor, act: ActQuant | None = None, ops: Dispatcher | None = None) -> None:
+        super().__init__(self.FORMAT, q, scale_inv, act=act, ops=ops)
 
 
-GEMM_OPS = {"fp8-block": "gemm_fp8_block", "mxfp8": "gemm_mxfp8"}
+class Mxfp8(Quantized):
+    FORMAT = "mxfp8"
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, act: ActQuant | None = None, ops: Dispatcher | None = None) -> None:
+        super().__init__(self.FORMAT, q, scale, act=act, ops=ops)
+
+
+class Mxfp4(Quantized):
+    FORMAT = "mxfp4"
+
+    def __init__(self, blocks: torch.Tensor, scales: torch.Tensor, ops: Dispatcher | None = None, *, act: ActQuant | None = None) -> None:
+        super().__init__(self.FORMAT, blocks, scales, act=act, ops=ops)
+
+
+def quantized(fmt: Format, tensors: Sequence[torch.Tensor], act: ActQuant | None, ops: Dispatcher | None) -> Quantized:
+    """A weight of ``fmt`` from its packed tensors: of the class named for the format above where there is one
+    (so a loaded fp8-block weight is an :class:`Fp8Block`), else a :class:`Quantized`."""
+    for cls in Quantized.__subclasses__():
+        if getattr(cls, "FORMAT", None) == fmt.name:
+            return cls(*tensors, act=act, ops=ops)
+    return Quantized(fmt, *tensors, act=act, ops=ops)
+
+
 HALF = (torch.bfloat16, torch.float16)
 
 
 def quantize_act(x: torch.Tensor, act: ActQuant, ops: Dispatcher) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic activation quantization: (E4M3 [..., K], F32 [..., ceil(K/128)] or U8 E8M0 [..., K/32])."""
-    if act.kind == "fp8-block":
-        return ops.call("act_quant_fp8_block", x, act.scale_fmt, act.rule, **act.layout())
-    return ops.call("act_quant_mxfp8", x, act.rule)
+    """Dynamic activation quantization: (E4M3 [..., K], its format's scales: F32 [..., ceil(K/128)] or U8 E8M0 [..., K/32])."""
+    return act.format.act_quant(ops, x, act.scale_fmt, act.rule, **act.layout())
 
 
 def linear(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None, expert: int | None = None,
@@ -170,7 +174,7 @@ def linear(x: torch.Tensor, w: QWeight, bias: torch.Tensor | None = None, expert
     out_dtype = out_dtype or x.dtype
     if x.shape[-1] != w.shape[1]:
         raise ValueError(f"linear: input has {x.shape[-1]} features, weight {w.fmt} is {w.shape} (out x in)")
-    if w.act is not None:  # fp8-block / mxfp8 (QWeight checks act.kind == fmt): the block-scaled GEMM op
+    if w.act is not None:  # fp8-block / mxfp8 (QWeight checks act.kind == fmt): the format's block-scaled GEMM op
         a, s = quantize_act(x.contiguous(), w.act, w.ops)
         return linear_quantized(a, s, w, out_dtype, bias, expert)
     b = None if bias is None else _sel(bias, expert)
@@ -190,15 +194,15 @@ def linear_quantized(
     scales, e.g. from a fused norm or activation op): the GEMM op alone; out_dtype [..., N]."""
     if w.act is None:
         raise ValueError(f"linear: a {w.fmt} weight without activation quantization takes no pre-quantized input")
-    groups = -(-w.shape[1] // fp8_block.BLOCK) if w.fmt == "fp8-block" else w.shape[1] // mxfp8.BLOCK
-    sdtype = torch.float32 if w.fmt == "fp8-block" else torch.uint8
+    grid = w.act.format.act_scale  # the format's activation scales, one per token per group of K
+    groups, sdtype = grid.shape(1, w.shape[1])[1], torch.uint8 if grid.e8m0 else torch.float32
     if a.dtype != torch.float8_e4m3fn or a.shape[-1] != w.shape[1] or a_scale.shape != (*a.shape[:-1], groups) or a_scale.dtype != sdtype:
         raise ValueError(
             f"linear: a {w.fmt} weight {w.shape} takes E4M3 [..., {w.shape[1]}] + {sdtype} scales [..., {groups}], "
             f"got {a.dtype}{tuple(a.shape)} + {a_scale.dtype}{tuple(a_scale.shape)}"
         )
     b = None if bias is None else _sel(bias, expert)
-    return w.ops.call(GEMM_OPS[w.fmt], a, a_scale, *w.packed(expert), b, out_dtype)
+    return w.ops.call(w.format.gemm_op, a, a_scale, *w.packed(expert), b, out_dtype)
 
 
 class Linear(nn.Module):
@@ -217,8 +221,24 @@ class Linear(nn.Module):
         return linear_quantized(a, a_scale, self.weight, out_dtype, self.bias)
 
 
-ROW_BUFFERS = {"dense": (("w", 1),), "fp8-block": (("q", 1), ("scale_inv", fp8_block.BLOCK)), "mxfp8": (("q", 1), ("scale", 1)),
-               "mxfp4": (("blocks", 1), ("scales", 1))}  # fmt: skip  # per format: (buffer, weight rows per buffer row)
+def row_buffers(w: QWeight) -> tuple[tuple[str, int], ...]:
+    """(buffer, weight rows per buffer row) of a weight: ``w``, or its format's buffers (fp8-block's scales: 128)."""
+    return (("w", 1),) if isinstance(w, Dense) else tuple(zip(w.format.buffers, w.format.row_blocks, strict=True))
+
+
+def _stackable(parts: Sequence[Linear]) -> bool:
+    ws = [p.weight for p in parts]
+    w0 = ws[0]
+    if len(parts) < 2 or w0.num_experts is not None:
+        return False
+    if any(type(w) is not type(w0) or w.fmt != w0.fmt or w.act != w0.act or w.shape[1] != w0.shape[1] or w.num_experts is not None for w in ws):
+        return False
+    has_bias = [p.bias is not None for p in parts]
+    if any(has_bias) != all(has_bias):
+        return False
+    if any(len({(getattr(w, name).dtype, getattr(w, name).device) for w in ws}) != 1 for name, _ in row_buffers(w0)):
+        return False
+    return not any(w.shape[0] % rows for w in ws[:-1] for _, rows in row_buffers(w0))
 
 
 def fuse_rows(parts: Sequence[Linear]) -> Linear | None:
@@ -228,27 +248,15 @@ def fuse_rows(parts: Sequence[Linear]) -> Linear | None:
     parts cannot stack: fewer than two, different formats, activation quantization, K, dtypes or
     devices, stacked experts, a bias on some but not all, or an FP8-block part before the last whose
     rows are not whole 128-row scale tiles."""
+    if not _stackable(parts):
+        return None
     ws = [p.weight for p in parts]
-    w0 = ws[0]
-    if len(parts) < 2 or w0.fmt not in ROW_BUFFERS or w0.num_experts is not None:
-        return None
-    if any(type(w) is not type(w0) or w.act != w0.act or w.shape[1] != w0.shape[1] or w.num_experts is not None for w in ws):
-        return None
-    has_bias = [p.bias is not None for p in parts]
-    if any(has_bias) != all(has_bias):
-        return None
-    bufs = {name: [getattr(w, name) for w in ws] for name, _ in ROW_BUFFERS[w0.fmt]}
-    if any(len({(t.dtype, t.device) for t in ts}) != 1 for ts in bufs.values()):
-        return None
-    if any(w.shape[0] % rows for w in ws[:-1] for _, rows in ROW_BUFFERS[w0.fmt]):
-        return None
-    cat = {name: torch.cat(ts) for name, ts in bufs.items()}
-    act, ops = w0.act, w0.ops
-    fused = {"dense": lambda: Dense(cat["w"], ops), "fp8-block": lambda: Fp8Block(cat["q"], cat["scale_inv"], act, ops),
-             "mxfp8": lambda: Mxfp8(cat["q"], cat["scale"], act, ops), "mxfp4": lambda: Mxfp4(cat["blocks"], cat["scales"], ops)}[w0.fmt]()  # fmt: skip
+    w0, rows_of = ws[0], row_buffers(ws[0])
+    cat = [torch.cat([getattr(w, name) for w in ws]) for name, _ in rows_of]
+    fused = Dense(cat[0], w0.ops) if isinstance(w0, Dense) else quantized(w0.format, cat, w0.act, w0.ops)
     lo = 0
     for w in ws:  # each part now reads its rows of the fused buffers
-        for name, rows in ROW_BUFFERS[w0.fmt]:
+        for name, rows in rows_of:
             setattr(w, name, getattr(fused, name)[lo // rows : -(-(lo + w.shape[0]) // rows)])  # a registered buffer: replaced
         lo += w.shape[0]
     bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])

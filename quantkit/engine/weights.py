@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import torch
 
 from ..checkpoint import Checkpoint, CheckpointError
-from ..formats import e8m0
+from .. import formats
 from ..kernels.dispatch import Dispatcher
 from .layers.norm import RMSNorm
-from .qlinear import ActQuant, Dense, Fp8Block, Linear, Mxfp4, Mxfp8, QWeight
+from .qlinear import ActQuant, Dense, Linear, QWeight, quantized
 
 _REQUIRED = object()
 
@@ -44,24 +44,29 @@ def setting(config: dict, *names: str, default: object = _REQUIRED) -> object:
 
 @dataclass(frozen=True)
 class QuantScheme:
-    """Dynamic activation quantization per weight format (None: activations stay unquantized)."""
+    """Dynamic activation quantization per weight format (absent: activations stay unquantized)."""
 
-    fp8_block: ActQuant | None
-    mxfp8: ActQuant | None
+    acts: dict[str, ActQuant]  # format name -> how a weight of it quantizes its input
+
+    def act(self, fmt: str) -> ActQuant | None:
+        return self.acts.get(fmt)
 
     @classmethod
     def from_config(cls, config: dict, manifest: dict, act_quant: bool, scale_mn: bool = False) -> QuantScheme:
-        """fp8-block activations use UE8M0 scales when the checkpoint's scales are UE8M0 (DeepSeek-V3.1
-        ``scale_fmt: ue8m0``; DeepSeek act_quant's 2**ceil(log2 s) is rule rceil).  MXFP8 activations
-        use rule rceil, as cuBLAS and TransformerEngine quantize them, whatever rule made the weights.
-        ``scale_mn``: fp8-block scales written MN-major (the loader sets it on GPUs: DeepGEMM reads them
-        with no transposing launch, the Triton kernels read either layout)."""
+        """Each format with activation quantization as it serves them (:meth:`quantkit.formats.Format.act_scale_fmt`,
+        ``act_rule``): fp8-block activations use UE8M0 scales when the checkpoint's scales are UE8M0 (DeepSeek-V3.1
+        ``scale_fmt: ue8m0``; DeepSeek act_quant's 2**ceil(log2 s) is rule rceil); MXFP8 activations use rule rceil,
+        as cuBLAS and TransformerEngine quantize them, whatever rule made the weights.  ``scale_mn``: scales written
+        MN-major where the format has that layout (fp8-block; the loader sets it on GPUs: DeepGEMM reads them with no
+        transposing launch, the Triton kernels read either layout)."""
         if not act_quant:
-            return cls(None, None)
+            return cls({})
         qc = config.get("quantization_config") or {}
         opts = manifest.get("options") or {}
         scale_fmt = qc.get("scale_fmt") or opts.get("scale_fmt") or "float"
-        return cls(ActQuant("fp8-block", scale_fmt, "rceil", scale_mn), ActQuant("mxfp8", "float", e8m0.DEFAULT_RULE))
+        acts = {name: ActQuant(name, f.act_scale_fmt(scale_fmt), f.act_rule, scale_mn and f.scale_mn)
+                for name in formats.act_formats() for f in (formats.get(name),)}  # fmt: skip
+        return cls(acts)
 
 
 class Weights:
@@ -103,16 +108,19 @@ class Weights:
     def norm(self, name: str, eps: float, order: str = "hf") -> RMSNorm:
         return RMSNorm(self.get(name, torch.float32 if order == "f32" else None), eps, order)
 
+    def _quantized(self, fmt: str, *tensors: torch.Tensor) -> QWeight:
+        return quantized(formats.get(fmt), tensors, self.scheme.act(fmt), self.ops)
+
     def _scaled(self, q_name: str, scale_names: tuple[str, str]) -> QWeight:
         q = self.raw(q_name)
         inv, sc = scale_names
         if self.has(inv):
-            return Fp8Block(q, self.raw(inv), self.scheme.fp8_block, self.ops)
+            return self._quantized("fp8-block", q, self.raw(inv))
         if self.has(sc):
             s = self.raw(sc)
             if s.dtype in (torch.uint8, torch.float8_e8m0fnu):  # E8M0 bytes: one scale per 1x32
-                return Mxfp8(q, s, self.scheme.mxfp8, self.ops)
-            return Fp8Block(q, s, self.scheme.fp8_block, self.ops)  # float tile scales
+                return self._quantized("mxfp8", q, s)
+            return self._quantized("fp8-block", q, s)  # float tile scales
         raise CheckpointError(f"{self.ckpt.dir}: {q_name} is F8_E4M3 but has no {inv} or {sc}")
 
     def weight(self, base: str) -> QWeight:
@@ -120,7 +128,7 @@ class Weights:
         name = base + ".weight"
         if self.has(base + ".weight_packed"):  # [N, K/2] packed bytes are GPT-OSS's [N, K/32, 16] blocks
             packed = self.raw(base + ".weight_packed")
-            return Mxfp4(packed.view(*packed.shape[:-1], -1, 16), self.raw(base + ".weight_scale"), self.ops)
+            return self._quantized("mxfp4", packed.view(*packed.shape[:-1], -1, 16), self.raw(base + ".weight_scale"))
         if self.ckpt.info(name).dtype == "F8_E4M3":
             return self._scaled(name, (base + ".weight_scale_inv", base + ".weight_scale"))
         return Dense(self.raw(name), self.ops)
@@ -131,23 +139,19 @@ class Weights:
     def stacked(self, bases: list[str]) -> QWeight:
         """Per-expert weights ``<base>.weight`` stacked into one [E, N, K] weight of their common format."""
         ws = [self.weight(b) for b in bases]
-        kinds = {type(w) for w in ws}
+        kinds = {w.fmt for w in ws}
         if len(kinds) != 1:
-            raise CheckpointError(f"{self.ckpt.dir}: experts {bases[0]}.. mix weight formats {sorted(k.fmt for k in kinds)}")
+            raise CheckpointError(f"{self.ckpt.dir}: experts {bases[0]}.. mix weight formats {sorted(kinds)}")
         first = ws[0]
         bufs = {n: torch.stack([dict(w.named_buffers())[n] for w in ws]) for n, _ in first.named_buffers()}
         if isinstance(first, Dense):
             return Dense(bufs["w"], self.ops)
-        if isinstance(first, Fp8Block):
-            return Fp8Block(bufs["q"], bufs["scale_inv"], first.act, self.ops)
-        if isinstance(first, Mxfp4):
-            return Mxfp4(bufs["blocks"], bufs["scales"], self.ops)
-        return Mxfp8(bufs["q"], bufs["scale"], first.act, self.ops)
+        return quantized(first.format, [bufs[n] for n in first.format.buffers], first.act, self.ops)
 
     def fused(self, base: str) -> QWeight:
         """A GPT-OSS fused expert weight (``...experts.gate_up_proj`` / ``down_proj``) as [E, out, in]."""
         if self.has(base + "_blocks"):
-            return Mxfp4(self.raw(base + "_blocks"), self.raw(base + "_scales"), self.ops)
+            return self._quantized("mxfp4", self.raw(base + "_blocks"), self.raw(base + "_scales"))
         if self.ckpt.info(base).dtype == "F8_E4M3":
             return self._scaled(base, (base + "_scale_inv", base + "_scale"))
         return Dense(self.raw(base).transpose(-1, -2).contiguous(), self.ops)  # transformers keeps [E, in, out]

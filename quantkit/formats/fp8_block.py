@@ -28,11 +28,14 @@ quantizer that writes it saves the GEMM a transposing launch; every kernel here 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from . import e8m0
 from .fp8 import E4M3_MAX, round_e4m3
+from .registry import Format, Grid, Spec
 from .rounding import NEAREST, Rounding
 
 BLOCK = 128
@@ -193,3 +196,77 @@ def is_pow2_scale(scale_inv: torch.Tensor) -> bool:
     normal = ((bits & 0x7FFFFF) == 0) & (bits > 0)  # sign clear, mantissa zero
     ok = (normal & (e_field >= 1) & (e_field <= 254)) | (bits == 0x00400000)
     return bool(ok.all())
+
+
+class Fp8BlockFormat(Format):
+    """``fp8-block`` as every part of quantkit asks for it (:class:`~quantkit.formats.registry.Format`).
+
+    ``convert --to fp8-block`` writes HF/DeepSeek fine-grained FP8: ``weight`` F8_E4M3 [.., N, K] + ``weight_scale_inv``
+    F32 tile grid, and ``quantization_config`` quant_method fp8 (transformers FineGrainedFP8Config, vLLM/SGLang
+    ``fp8``): activation_scheme dynamic, fmt e4m3, weight_block_size [128, 128]; ``scale_fmt: ue8m0`` when the scales
+    are powers of two (DeepSeek-V3.1); ``modules_to_not_convert`` lists the projections ``--ignore`` kept (absent when
+    none, as in DeepSeek's and Qwen's releases).  Served activations: one scale per token per 128 channels, UE8M0
+    when the checkpoint's scales are (DeepSeek act_quant's 2**ceil(log2 s) is rule rceil), MN-major where asked."""
+
+    name = "fp8-block"
+    description = "E4M3 with one F32 scale per 128x128 tile (HF/DeepSeek fine-grained FP8)"
+    scale_suffix = "weight_scale_inv"
+    is_target = True
+    convert_to = True
+    buffers = ("q", "scale_inv")
+    row_blocks = (1, BLOCK)
+    weight_scale = Grid(BLOCK, BLOCK, e8m0=False, partial=True)
+    act_scale = Grid(1, BLOCK, e8m0=False, partial=True)
+    scale_mn = True
+    scale_fmts = SCALE_FMTS
+    act_rule = "rceil"
+    references = {"fp8_block_quantize_weight": quantize_weight, "fp8_block_dequant": dequantize_weight, "act_quant_fp8_block": quantize_act}
+    gemm_op = "gemm_fp8_block"
+
+    def dequantize_weight(self, q: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+        return dequantize_weight(q, scale_inv)
+
+    def dequant(self, ops: Any, q: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+        return ops.call("fp8_block_dequant", q, scale_inv)
+
+    def act_scale_fmt(self, checkpoint_scale_fmt: str) -> str:
+        return checkpoint_scale_fmt
+
+    def quantize_act(self, x: torch.Tensor, scale_fmt: str = "float", rule: str = e8m0.DEFAULT_RULE,
+                     *, scale_mn: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        return quantize_act(x, scale_fmt, rule, scale_mn=scale_mn)
+
+    def dequantize_act(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return dequantize_act(q, s)
+
+    def act_quant(self, ops: Any, x: torch.Tensor, scale_fmt: str, rule: str, **layout: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        return ops.call("act_quant_fp8_block", x, scale_fmt, rule, **layout)
+
+    def stored(self, name: str, module: str, shape: tuple[int, ...], fused: bool) -> tuple[Spec, ...]:
+        *lead, n, k = shape
+        return (name, torch.float8_e4m3fn, shape), (name + "_scale_inv", torch.float32, (*lead, -(-n // BLOCK), -(-k // BLOCK)))
+
+    def quantize(self, call: Callable[..., Any], x: torch.Tensor, scale_fmt: str, rule: str, rounding: Rounding = NEAREST) -> tuple[torch.Tensor, ...]:
+        return call("fp8_block_quantize_weight", x, scale_fmt, rule, rounding)
+
+    def dequantize(self, call: Callable[..., Any], *tensors: torch.Tensor) -> torch.Tensor:
+        return call("fp8_block_dequant", *tensors)
+
+    def uses_rule(self, scale_fmt: str | None) -> bool:
+        return scale_fmt == "ue8m0"
+
+    def qconfig(self, scale_fmt: str | None, kept: list[str], unquantized: list[str], fused: bool) -> dict | None:
+        qc: dict = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [BLOCK, BLOCK]}
+        if scale_fmt == "ue8m0":
+            qc["scale_fmt"] = "ue8m0"
+        if kept:
+            qc["modules_to_not_convert"] = kept
+        return qc
+
+
+class Fp8BlockUe8m0(Format):
+    """``fp8-block-ue8m0``: how ``inspect`` names fp8-block weights whose every scale is a power of two."""
+
+    name = "fp8-block-ue8m0"
+    description = "fp8-block with power-of-two (UE8M0) scales, DeepSeek-V3.1 style"
+    scale_suffix = "weight_scale_inv"

@@ -19,9 +19,14 @@ U8 [..., out, in/2] (its ``pack_fp4_to_uint8`` also puts element 2j in the low n
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import torch
 
 from . import e8m0
+from .registry import Format, Grid, Spec, compressed_tensors
 from .rounding import NEAREST, Rounding, uniform
 
 BLOCK = 32
@@ -94,3 +99,65 @@ def encode(w: torch.Tensor, rule: str = e8m0.DEFAULT_RULE, rounding: Rounding = 
     if rounding.stochastic:
         v = round_e2m1_stochastic(v, uniform(rounding, tuple(v.shape), v.device))
     return pack(encode_e2m1(v)), e8m0.to_bytes(exp)
+
+
+# GPT-OSS upstream's quantization_config (openai/gpt-oss-20b, -120b config.json)
+GPT_OSS_CONFIG = {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+                  "quant_method": "mxfp4"}
+
+
+class Mxfp4Format(Format):
+    """``mxfp4`` as every part of quantkit asks for it (:class:`~quantkit.formats.registry.Format`): served as
+    w4a16 (each call dequantizes the weight; activations stay unquantized, as GPT-OSS serves it).
+
+    ``convert --to mxfp4`` writes GPT-OSS's fused experts as upstream ships them (``_blocks`` / ``_scales``,
+    ``quant_method: mxfp4`` with ``modules_to_not_convert``: attention, routers, embeddings, lm_head, and experts
+    --ignore kept); other families compressed-tensors ``mxfp4-pack-quantized`` (``weight_packed`` U8 [.., N, K/2] +
+    ``weight_scale``; weights 4-bit float, group 32, no activation quantization: its MXFP4A16 scheme)."""
+
+    name = "mxfp4"
+    description = "E2M1 with one E8M0 scale per 1x32 along K (GPT-OSS blocks/scales)"
+    scale_suffix = "_scales"
+    convert_to = True
+    buffers = ("blocks", "scales")
+    row_blocks = (1, 1)
+    weight_scale = Grid(1, BLOCK, e8m0=True, partial=False)
+    references = {"mxfp4_decode": decode}
+
+    def shape(self, tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, ...], int, int]:
+        blocks = tensors[0]
+        return tuple(blocks.shape[:-3]), blocks.shape[-3], blocks.shape[-2] * BLOCK
+
+    def check(self, tensors: Sequence[torch.Tensor]) -> None:
+        blocks, scales = tensors
+        if blocks.dtype != torch.uint8 or blocks.shape[:-1] != scales.shape or blocks.shape[-1] != BLOCK // 2:
+            raise ValueError(f"mxfp4 blocks {tuple(blocks.shape)} / scales {tuple(scales.shape)} are not U8 [.., N, K/32, 16] / [.., N, K/32]")
+
+    def dequantize_weight(self, blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        return decode(blocks, scales, torch.float32)
+
+    def dequant(self, ops: Any, blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        return ops.call("mxfp4_decode", blocks, scales, torch.float32)
+
+    def stored(self, name: str, module: str, shape: tuple[int, ...], fused: bool) -> tuple[Spec, ...]:
+        *lead, n, k = shape
+        if k % BLOCK:
+            raise ValueError(f"K={k} is not a multiple of {BLOCK}; MXFP4 has no layout for a partial 1x{BLOCK} block (keep it with --ignore)")
+        if fused:  # GPT-OSS upstream: <p>_blocks [E, N, K/32, 16], <p>_scales [E, N, K/32]
+            return (name + "_blocks", torch.uint8, (*lead, n, k // BLOCK, BLOCK // 2)), (name + "_scales", torch.uint8, (*lead, n, k // BLOCK))
+        # compressed-tensors mxfp4-pack-quantized: weight_packed [N, K/2], weight_scale [N, K/32]
+        return (module + ".weight_packed", torch.uint8, (*lead, n, k // 2)), (module + ".weight_scale", torch.uint8, (*lead, n, k // BLOCK))
+
+    def quantize(self, call: Callable[..., Any], x: torch.Tensor, scale_fmt: str, rule: str, rounding: Rounding = NEAREST) -> tuple[torch.Tensor, ...]:
+        """The reference on either device (no kernel registers an MXFP4 quantizer: a conversion-time op)."""
+        return encode(x, rule, rounding)
+
+    def dequantize(self, call: Callable[..., Any], *tensors: torch.Tensor) -> torch.Tensor:
+        return call("mxfp4_decode", *tensors)
+
+    def qconfig(self, scale_fmt: str | None, kept: list[str], unquantized: list[str], fused: bool) -> dict | None:
+        if fused:
+            qc = copy.deepcopy(GPT_OSS_CONFIG)
+            qc["modules_to_not_convert"] += kept  # experts --ignore kept in BF16
+            return qc
+        return compressed_tensors("mxfp4-pack-quantized", 4, False, unquantized)

@@ -9,6 +9,8 @@ an availability predicate and a priority, and return what the reference returns 
   pick another backend's kernel): call arguments -> :class:`Choice` (leaf kernel, config, rule).  The leaf runs;
   nothing below it chooses again.  ``Dispatcher.ran`` and :func:`which` given the operands name the leaf.
 * :func:`kernel_map`: the leaf of each op's representative calls on a :class:`Target` (``quantkit kernels``).
+* A format's ops (:data:`quantkit.formats.Format.references`, its GEMM) have their references registered when the
+  kernels load, or, for a format registered later, when the op is first asked for.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from .. import formats
 
 AUTO = "auto"
 REFERENCE = "torch"
@@ -133,10 +137,12 @@ class Registry:
         table[b.name] = b
 
     def table(self, op: str) -> dict[str, Backend]:
-        try:
-            return self.ops[op]
-        except KeyError:
-            raise KeyError(f"unknown op {op!r}; known: {', '.join(sorted(self.ops))}") from None
+        if op not in self.ops:
+            ref = formats.reference(op)  # an op of a format registered after the kernels loaded: its reference
+            if ref is None:
+                raise KeyError(f"unknown op {op!r}; known: {', '.join(sorted(self.ops))}")
+            self.add(Backend(op, REFERENCE, ref, always, 0))
+        return self.ops[op]
 
     def ranked(self, op: str) -> list[Backend]:
         return sorted(self.table(op).values(), key=lambda b: -b.priority)

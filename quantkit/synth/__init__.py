@@ -1,7 +1,7 @@
 """``quantkit synth``: checkpoints in the exact upstream layouts (REFERENCE.md) with random weights.
 
 One module per family builds a :class:`~quantkit.synth.pieces.Synth` (config, tensor pieces,
-tokenizer) from a preset's shapes; :func:`synthesize` plans the shards from the pieces' specs
+tokenizer) from a preset's shapes (the family's ``synth`` and ``presets``, :mod:`quantkit.families`); :func:`synthesize` plans the shards from the pieces' specs
 and streams them, piece by piece, through :class:`~quantkit.writer.CheckpointWriter`
 (atomic; peak memory about two tensors, the one written and the one generated ahead, plus a
 16 MB float32 chunk per worker thread).  Same seed, same bytes.
@@ -11,26 +11,19 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 
 import torch
 
+from .. import families
 from ..checkpoint import parse_size
 from ..progress import Progress
 from ..writer import CheckpointWriter, ShardPlan, plan_shards
-from . import deepseek, gpt_oss, presets, qwen3, tokenizer
+from . import presets, tokenizer
 from .pieces import Piece, Synth
 
-# family -> builder(dims, seed, layout, scale_fmt) (the one registry of synthetic families)
-BUILDERS: dict[str, Callable[[dict, int, str, str], Synth]] = {
-    "gpt-oss": gpt_oss.build,
-    "deepseek-v3": deepseek.build,
-    "qwen3": partial(qwen3.build, moe=False),
-    "qwen3-moe": partial(qwen3.build, moe=True),
-}
 LAYOUTS = ("root", "original")
 SCALE_FMTS = ("float", "ue8m0")
 PROGRESS_BYTES = 1 << 28  # progress only for checkpoints that take a while
@@ -44,7 +37,7 @@ def plan(family: str, preset: str = "tiny", layers: int | None = None, seed: int
     if scale_fmt not in SCALE_FMTS:
         raise ValueError(f"--scale-fmt must be one of {', '.join(SCALE_FMTS)}, not {scale_fmt!r}")
     d = presets.dims(family, preset, layers)
-    return BUILDERS[family](d, seed, layout, scale_fmt)
+    return families.get(family).load("synth")(d, seed, layout, scale_fmt)  # its builder(dims, seed, layout, scale_fmt)
 
 
 def _shards(synth: Synth, max_shard_size: int) -> list[ShardPlan]:

@@ -87,6 +87,16 @@ def _layer(s: int, d: dict, n: int, moe: bool) -> list[Piece]:
     return out
 
 
+def build_dense(d: dict, seed: int, layout: str, scale_fmt: str) -> Synth:
+    """Qwen3 (family ``qwen3``)."""
+    return build(d, seed, layout, scale_fmt, moe=False)
+
+
+def build_moe(d: dict, seed: int, layout: str, scale_fmt: str) -> Synth:
+    """Qwen3-MoE (family ``qwen3-moe``)."""
+    return build(d, seed, layout, scale_fmt, moe=True)
+
+
 def build(d: dict, seed: int, layout: str, scale_fmt: str, moe: bool) -> Synth:
     if layout != "root":
         raise ValueError(f"--layout {layout} applies to gpt-oss only; Qwen3 ships one layout")

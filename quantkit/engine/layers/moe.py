@@ -15,7 +15,7 @@ Experts hold stacked packed weights [E, out, in].  GPT-OSS fuses gate and up INT
 gate, 2j+1 up) with biases and the clamped SwiGLU (up + 1) * g * sigmoid(alpha * g), g = min(gate,
 limit), up clamped to [-limit, limit]; per-expert families have separate gate/up and SiLU.
 
-Compute: fp8-block and mxfp8 experts with dynamic activation quantization run the ``fused_moe``
+Compute: experts of a format with dynamic activation quantization (fp8-block, mxfp8) run the ``fused_moe``
 op (:mod:`quantkit.kernels.moe.fused_moe_ref` is its torch reference, step for step the per-expert
 loop here).  Its :class:`ExpertWeights` are built once at load from the packed buffers: GPT-OSS's
 interleaved gate_up [E, 2I, H] (+ biases) as is; DeepSeek/Qwen gate and up stacked as
@@ -32,10 +32,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ...kernels.moe.fused_moe_ref import FORMATS as FUSED_FORMATS
-from ...kernels.moe.fused_moe_ref import ExpertWeights, MoeSpec, stack_gate_up
+from ... import formats
+from ...kernels.moe.fused_moe_ref import ExpertWeights, MoeSpec, fused_formats, stack_gate_up
 from ...kernels.moe.router_ref import ROUTER_OP_TOKENS, ROUTER_RULES, topk_route
-from ..qlinear import QWeight, linear
+from ..qlinear import QWeight, linear, quantized
 
 RULES = ("topk_softmax", "softmax_topk", "grouped_sigmoid")
 ACTIVATIONS = ("silu", "gpt-oss")
@@ -127,7 +127,7 @@ class Experts(nn.Module):
         """(w13, w2, spec) of the fused_moe op, or None and why the per-expert loop runs instead."""
         ws = [w for w in (self.gate_up, self.gate, self.up, self.down) if w is not None]
         fmts, acts = {w.fmt for w in ws}, {w.act for w in ws}
-        if len(fmts) != 1 or not fmts <= set(FUSED_FORMATS):
+        if len(fmts) != 1 or not fmts <= set(fused_formats()):
             return None, f"per-expert loop: {'/'.join(sorted(fmts))} experts have no fused_moe"
         if len(acts) != 1 or None in acts:
             return None, "per-expert loop: activations are not quantized (or not alike) in every expert projection"
@@ -136,14 +136,13 @@ class Experts(nn.Module):
         w2 = ExpertWeights(fmt, *self.down.packed(), self.down_bias)
         if self.gate_up is not None:
             return (ExpertWeights(fmt, *self.gate_up.packed(), self.gate_up_bias), w2, spec), "fused_moe"
-        inter = self.gate.shape[0]
-        if fmt == "fp8-block" and inter % 128:
-            return None, f"per-expert loop: fp8-block gate/up with I={inter} cannot be stacked (128-row tiles would straddle them)"
+        inter, tile = self.gate.shape[0], self.gate.format.weight_scale.rows  # weight rows per scale row
+        if inter % tile:
+            return None, f"per-expert loop: {fmt} gate/up with I={inter} cannot be stacked ({tile}-row tiles would straddle them)"
         w13 = stack_gate_up(ExpertWeights(fmt, *self.gate.packed()), ExpertWeights(fmt, *self.up.packed()))
-        rows = inter // 128 if fmt == "fp8-block" else inter  # scale rows of the gate half
-        kind, ops = type(self.gate), self.ops
-        self.gate = kind(w13.q[:, :inter], w13.scale[:, :rows], act, ops)  # views: the loop and the op share w13
-        self.up = kind(w13.q[:, inter:], w13.scale[:, rows:], act, ops)
+        rows, ops = inter // tile, self.ops  # scale rows of the gate half
+        self.gate = quantized(self.gate.format, (w13.q[:, :inter], w13.scale[:, :rows]), act, ops)  # views: the loop and the op share w13
+        self.up = quantized(self.up.format, (w13.q[:, inter:], w13.scale[:, rows:]), act, ops)
         return (w13, w2, spec), "fused_moe"
 
     def _act(self, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -181,9 +180,7 @@ class Experts(nn.Module):
         if self.fused is None:
             return None
         w13, _, spec = self.fused
-        if w13.fmt == "fp8-block":
-            return self.ops.call("act_quant_fp8_block", x, spec.scale_fmt, spec.rule)
-        return self.ops.call("mxfp8_quantize", x, spec.rule)
+        return formats.get(w13.fmt).act_quant(self.ops, x, spec.scale_fmt, spec.rule)
 
     def loop(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """The per-expert loop (host-synchronising): each expert on its tokens, combined in float32."""

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ... import formats
 from .. import dispatch
 from ..dispatch import Choice
 from ..gemm.block_scaled import WORKSPACE, split_reduce_pair, tile_coords
@@ -110,9 +111,9 @@ def _combine_kernel(y_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, ROUND: tl.con
 
 def _quant(x: torch.Tensor, fmt: str, spec: MoeSpec, pdl: bool = False, live_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(E4M3 [R, K], F32 [R, ceil(K/128)] or U8 [R, K/32]); rows at or past ``live_rows`` quantize as zeros."""
-    if fmt == "fp8-block":
-        return act_quant_fp8_block(x, spec.scale_fmt, spec.rule, pdl=pdl, live_rows=live_rows)
-    return mxfp8_quantize(x, spec.rule, pdl=pdl, live_rows=live_rows)
+    if formats.get(fmt).act_scale.e8m0:  # 1x32 E8M0 (MX)
+        return mxfp8_quantize(x, spec.rule, pdl=pdl, live_rows=live_rows)
+    return act_quant_fp8_block(x, spec.scale_fmt, spec.rule, pdl=pdl, live_rows=live_rows)
 
 
 def _gemm(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: torch.Tensor, al: Alignment, n_slots: int,
@@ -120,8 +121,9 @@ def _gemm(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: torch.Tensor
     """One grouped GEMM on gathered rows: GEMM 1 (gated, with the activation) or GEMM 2."""
     _, nw, k = w.shape
     n_out = nw // 2 if gated else nw
-    fp8b = w.fmt == "fp8-block"
-    ws = w.scale.view(torch.uint8) if not fp8b else w.scale
+    wg, ag = w.format.weight_scale, w.format.act_scale  # the scale grids: 128x128 F32 tiles (fp8b) or 1x32 E8M0 (MX)
+    fp8b = not wg.e8m0
+    ws = w.scale.view(torch.uint8) if wg.e8m0 else w.scale
     assert a.shape[1] == k and sa.is_contiguous() and ws.is_contiguous() and w.q.stride(2) == 1 and a.stride(1) == 1, "fused_moe: layouts"
     assert out.shape == (n_slots, n_out) and out.is_contiguous(), f"fused_moe: output {tuple(out.shape)}, want ({n_slots}, {n_out})"
     assert max(a.numel(), w.q[0].numel(), out.numel()) < INT32_LIMIT, "fused_moe: 32-bit offsets overflow"
@@ -131,7 +133,7 @@ def _gemm(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: torch.Tensor
     interleaved = gated and spec.interleaved
     row_step, up_off = (2, 1) if interleaved else (1, n_out if gated else 0)
     # one weight scale row per tile (gate and up alike): a scalar scale load and promotion
-    uniform = fp8b and 128 % (block_n * row_step) == 0 and up_off % (1 if interleaved else 128) == 0
+    uniform = fp8b and wg.rows % (block_n * row_step) == 0 and up_off % (1 if interleaved else wg.rows) == 0
     bias = w.bias if w.bias is not None else out
     cap = al.sorted_ids.shape[0]
     tiles = cdiv(cap, al.block_m) * cdiv(n_out, block_n)
@@ -145,10 +147,10 @@ def _gemm(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: torch.Tensor
         n_slots, cap, n_out, k, up_off, sa.shape[1], ws.shape[2], spec.alpha, spec.limit, per,
         a.stride(0), sa.stride(0), w.q.stride(0), w.q.stride(1), ws.stride(0), ws.stride(1), bias.stride(0), out.stride(0),
         TOP_K=top_k, GATED=gated, ROW_STEP=row_step, ACT=ACT_CODES[spec.activation] if gated else 0,
-        ROUND=out.dtype == torch.bfloat16, A_KPS=128 if fp8b else 32, A_E8M0=sa.dtype == torch.uint8,
-        W_RPS=128 if fp8b else 1, W_KPS=128 if fp8b else 32, W_E8M0=not fp8b, W_UNIFORM=uniform, HAS_BIAS=w.bias is not None,
+        ROUND=out.dtype == torch.bfloat16, A_KPS=ag.cols, A_E8M0=sa.dtype == torch.uint8,
+        W_RPS=wg.rows, W_KPS=wg.cols, W_E8M0=wg.e8m0, W_UNIFORM=uniform, HAS_BIAS=w.bias is not None,
         UPCAST=cfg.upcast, UP_DTYPE=tl.float32 if interpreted() else tl.bfloat16,
-        BLOCK_M=al.block_m, BLOCK_N=block_n, BLOCK_K=cfg.block_k, SUB_K=128 if fp8b else 32,
+        BLOCK_M=al.block_m, BLOCK_N=block_n, BLOCK_K=cfg.block_k, SUB_K=wg.cols,
         GROUP_M=cfg.group_m, HAS_SPLIT=split > 1, DIAG=cfg.diag, PDL=cfg.pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         launch_pdl=cfg.pdl,
     )  # fmt: skip

@@ -3,9 +3,10 @@
     out = fused_moe(x, topk_weights, topk_ids, w13, w2, spec)
 
 * x [T, H] bf16 or f32; topk_weights float32 [T, k]; topk_ids integer [T, k] in [0, E).
-* ``w13`` gate_up [E, 2I, H], ``w2`` down [E, H, I] (:class:`ExpertWeights`): ``fp8-block`` E4M3 + F32 scales
-  [E, ceil(N/128), ceil(K/128)], ``mxfp8`` E4M3 + E8M0 [E, N, K/32]; optional bias [E, N].  Gate and up rows are
-  interleaved (GPT-OSS: 2j gate, 2j+1 up) or concatenated [gate | up] (:func:`stack_gate_up`).
+* ``w13`` gate_up [E, 2I, H], ``w2`` down [E, H, I] (:class:`ExpertWeights`): E4M3 and scales of a format with
+  activation quantization (:func:`fused_formats`; its ``weight_scale`` grid): ``fp8-block`` F32 [E, ceil(N/128),
+  ceil(K/128)], ``mxfp8`` E8M0 [E, N, K/32]; optional bias [E, N].  Gate and up rows are interleaved (GPT-OSS:
+  2j gate, 2j+1 up) or concatenated [gate | up] (:func:`stack_gate_up`).
 * :class:`MoeSpec`: the activation (``silu``: silu(g) * u; ``gpt-oss``: (clamp(u, +-limit) + 1) * g *
   sigmoid(alpha * g), g <= limit) and the activation quantization (1x128 E4M3 with F32 or UE8M0 scales, or 1x32 MX).
 
@@ -21,11 +22,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ...formats import e8m0, fp8_block, mxfp8
+from ... import formats
+from ...formats import Format, e8m0, fp8_block
 from .. import dispatch
 
-FORMATS = ("fp8-block", "mxfp8")
 ACTIVATIONS = ("silu", "gpt-oss")
+
+
+def fused_formats() -> tuple[str, ...]:
+    """The formats whose experts the op takes: E4M3 weights with activation quantization (fp8-block, mxfp8)."""
+    return formats.act_formats()
 
 
 @dataclass(frozen=True, eq=False)  # holds tensors: compared by identity
@@ -38,21 +44,23 @@ class ExpertWeights:
     bias: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        if self.fmt not in FORMATS:
-            raise ValueError(f"expert format must be one of {FORMATS}, not {self.fmt!r}")
+        if self.fmt not in fused_formats():
+            raise ValueError(f"expert format must be one of {fused_formats()}, not {self.fmt!r}")
         if self.q.dtype != torch.float8_e4m3fn or self.q.dim() != 3:
             raise ValueError(f"{self.fmt} experts need E4M3 [E, N, K], got {self.q.dtype}{tuple(self.q.shape)}")
         e, n, k = self.q.shape
-        if self.fmt == "fp8-block":
-            want, dtypes = (e, -(-n // fp8_block.BLOCK), -(-k // fp8_block.BLOCK)), (torch.float32,)
-        else:
-            if k % mxfp8.BLOCK:
-                raise ValueError(f"mxfp8 experts need K to be a multiple of {mxfp8.BLOCK}, got {k}")
-            want, dtypes = (e, n, k // mxfp8.BLOCK), (torch.uint8, torch.float8_e8m0fnu)
+        grid = self.format.weight_scale
+        if not grid.partial and k % grid.cols:
+            raise ValueError(f"{self.fmt} experts need K to be a multiple of {grid.cols}, got {k}")
+        want, dtypes = (e, *grid.shape(n, k)), grid.dtypes
         if tuple(self.scale.shape) != want or self.scale.dtype not in dtypes:
             raise ValueError(f"{self.fmt} experts {tuple(self.q.shape)}: scales must be {dtypes[0]} {want}, got {self.scale.dtype}{tuple(self.scale.shape)}")
         if self.bias is not None and tuple(self.bias.shape) != (e, n):
             raise ValueError(f"{self.fmt} experts {tuple(self.q.shape)}: bias must be [{e}, {n}], got {tuple(self.bias.shape)}")
+
+    @property
+    def format(self) -> Format:
+        return formats.get(self.fmt)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -60,9 +68,7 @@ class ExpertWeights:
 
     def dequant(self, e: int) -> torch.Tensor:
         """float32 [N, K] of expert ``e``."""
-        if self.fmt == "fp8-block":
-            return fp8_block.dequantize_weight(self.q[e], self.scale[e])
-        return mxfp8.dequantize(self.q[e], self.scale[e].view(torch.uint8))
+        return self.format.dequantize_weight(self.q[e], self.scale[e])
 
 
 @dataclass(frozen=True)
@@ -83,11 +89,13 @@ class MoeSpec:
 
 
 def stack_gate_up(gate: ExpertWeights, up: ExpertWeights) -> ExpertWeights:
-    """Gate and up [E, I, H] -> [E, 2I, H] = [gate | up], scales and biases alike; FP8-block needs I % 128 == 0."""
+    """Gate and up [E, I, H] -> [E, 2I, H] = [gate | up], scales and biases alike; I must be whole scale tiles
+    (FP8-block: I % 128 == 0)."""
     if gate.fmt != up.fmt or gate.shape != up.shape or (gate.bias is None) != (up.bias is None):
         raise ValueError(f"gate {gate.fmt}{gate.shape} and up {up.fmt}{up.shape} experts differ")
-    if gate.fmt == "fp8-block" and gate.shape[1] % fp8_block.BLOCK:
-        raise ValueError(f"fp8-block gate/up with I={gate.shape[1]} cannot be stacked: 128-row tiles would straddle gate and up")
+    tile = gate.format.weight_scale.rows
+    if gate.shape[1] % tile:
+        raise ValueError(f"{gate.fmt} gate/up with I={gate.shape[1]} cannot be stacked: {tile}-row tiles would straddle gate and up")
     bias = None if gate.bias is None else torch.cat([gate.bias, up.bias], 1)
     return ExpertWeights(gate.fmt, torch.cat([gate.q, up.q], 1), torch.cat([gate.scale, up.scale], 1), bias)
 
@@ -106,9 +114,8 @@ def check_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
 
 def quant_dequant(x: torch.Tensor, fmt: str, spec: MoeSpec) -> torch.Tensor:
     """The activation as the GEMM sees it: dynamically quantized per token, dequantized, float32."""
-    if fmt == "fp8-block":
-        return fp8_block.dequantize_act(*fp8_block.quantize_act(x, spec.scale_fmt, spec.rule))
-    return mxfp8.dequantize(*mxfp8.quantize(x, spec.rule))
+    f = formats.get(fmt)
+    return f.dequantize_act(*f.quantize_act(x, spec.scale_fmt, spec.rule))
 
 
 def activation(g: torch.Tensor, u: torch.Tensor, spec: MoeSpec) -> torch.Tensor:
@@ -140,9 +147,7 @@ def _expert(xq: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights, e: int, spe
 
 def dequant_input(x_q: tuple[torch.Tensor, torch.Tensor], fmt: str) -> torch.Tensor:
     """Activations quantized as :func:`quant_dequant` quantizes them (E4M3 + their scales) -> float32."""
-    if fmt == "fp8-block":
-        return fp8_block.dequantize_act(*x_q)
-    return mxfp8.dequantize(x_q[0], x_q[1].view(torch.uint8))
+    return formats.get(fmt).dequantize_act(*x_q)
 
 
 def fused_moe_ref(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights,

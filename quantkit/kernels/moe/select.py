@@ -10,6 +10,8 @@ from dataclasses import replace
 
 import torch
 
+from ... import formats
+from ...formats import Grid
 from .. import dispatch
 from ..dispatch import Choice, MapRow, Target
 from ..triton_numerics import interpreted
@@ -19,8 +21,16 @@ from .sorted_tokens import WGMMA_BLOCK_MS
 from .tables import MoeConfig
 
 
+WGMMA_FORMATS = ("fp8-block",)  # the formats the warp-specialised kernel is written for
+
+
 def compiled_sm90(target: Target) -> bool:
     return target.type == "cuda" and target.capability >= (9, 0)
+
+
+def _grid(fmt: str) -> Grid:
+    """The experts' weight scales: 1x32 E8M0 (MX) or 128x128 F32 tiles (FP8-block)."""
+    return formats.get(fmt).weight_scale
 
 
 def sorted_why_not(fmt: str, interleaved: bool, hidden: int, inter: int, cfg: MoeConfig, dense: bool) -> str | None:
@@ -29,17 +39,18 @@ def sorted_why_not(fmt: str, interleaved: bool, hidden: int, inter: int, cfg: Mo
         return "TMA needs contiguous, 16-byte aligned weights"
     if hidden % 16 or inter % 16:
         return f"TMA needs 16-byte rows, got H {hidden}, I {inter}"
-    if fmt == "mxfp8":
+    grid = _grid(fmt)
+    if grid.e8m0:
         return None if cfg.upcast else "MX experts take sorted rows on bf16 operands (upcast) only"
     rows1 = 2 * cfg.block_n1 if interleaved else cfg.block_n1
-    if 128 % rows1 or 128 % cfg.block_n2 or not (interleaved or inter % 128 == 0):
+    if grid.rows % rows1 or grid.rows % cfg.block_n2 or not (interleaved or inter % grid.rows == 0):
         return "an FP8-block weight tile must lie under one scale block"
     return None
 
 
 def wgmma_why_not(target: Target, fmt: str, interleaved: bool, hidden: int, inter: int, cfg: MoeConfig, dense: bool) -> str | None:
     """None when the wgmma kernel takes both GEMMs (its tiles: 64 intermediate, 128 output columns)."""
-    if fmt != "fp8-block":
+    if fmt not in WGMMA_FORMATS:
         return f"the wgmma kernel takes FP8-block experts only, got {fmt}"
     if cfg.block_m not in WGMMA_BLOCK_MS:
         return f"expert blocks of 64 or 128 rows only, got {cfg.block_m}"
@@ -57,9 +68,10 @@ def wgmma_why_not(target: Target, fmt: str, interleaved: bool, hidden: int, inte
 
 def fit(cfg: MoeConfig, fmt: str) -> MoeConfig:
     """``cfg`` for ``fmt``: MX experts step 128 K columns; only they take diag dots."""
-    if cfg.upcast and fmt != "mxfp8":
+    mx = _grid(fmt).e8m0
+    if cfg.upcast and not mx:
         raise ValueError(f"fused_moe {cfg.name()}: upcast is exact only with power-of-two (MX) scales")
-    return replace(cfg, block_k=cfg.block_k if fmt == "fp8-block" else tables.BLOCK_K, diag=cfg.diag and fmt == "mxfp8" and not cfg.upcast)
+    return replace(cfg, block_k=tables.BLOCK_K if mx else cfg.block_k, diag=cfg.diag and mx and not cfg.upcast)
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of hashables, asked once per MoE layer per step
@@ -72,7 +84,7 @@ def select(target: Target, tokens: int, experts: int, top_k: int, hidden: int, i
     if config is None:
         row = tables.lookup(target.capability, fmt, tokens * top_k / max(experts, 1))
         cfg, why = row.config, row.reason
-        if fmt == "mxfp8" and cfg.sorted_rows and not interleaved:
+        if _grid(fmt).e8m0 and cfg.sorted_rows and not interleaved:
             cfg, why = replace(cfg, mx_step=tables.MX_STEP_CONCAT), why + "; concatenated gate/up: 64-column MX steps, 1.07x"
     else:
         cfg, why = config, "the caller's config"
@@ -104,6 +116,6 @@ def select_call(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Ten
 
 
 def kernel_map(target: Target) -> list[MapRow]:
-    """``fused_moe``'s kernel map: the served models' expert shapes, both formats, each token count."""
+    """``fused_moe``'s kernel map: the served models' expert shapes, each format with tiles, each token count."""
     return [MapRow("fused_moe", f"{name} {fmt}", str(t), select(target, t, e, k, h, i, fmt, interleaved=il))
-            for name, e, k, h, i, il in tables.MAP_MODELS for fmt in ("fp8-block", "mxfp8") for t in tables.MAP_TOKENS]  # fmt: skip
+            for name, e, k, h, i, il in tables.MAP_MODELS for fmt in tables.H200 for t in tables.MAP_TOKENS]  # fmt: skip

@@ -129,7 +129,7 @@ def sorted_gemm(a: torch.Tensor, sa: torch.Tensor, w: ExpertWeights, out: torch.
     cap, bm = al.sorted_ids.shape[0], al.block_m
     interleaved = gated and spec.interleaved
     rows = 2 * block_n if interleaved else block_n
-    mx = w.fmt == "mxfp8"
+    mx = w.format.weight_scale.e8m0  # 1x32 E8M0 scales (else 128x128 F32 tiles)
     assert mx_step in (32, 64, 128), f"MX steps of 32, 64 or 128 columns, got {mx_step}"
     sub_k = mx_step if mx else BLOCK_K
     ws = w.scale.view(torch.uint8) if mx else w.scale

@@ -98,7 +98,10 @@ MAP_TOKENS = (1, 8, 32, 64, 128, 256, 1024, 8192)
 
 def rows(capability: tuple[int, int], fmt: str) -> tuple[Row, ...]:
     """A device kind's rows; kinds without a table run the H200's, the only one measured."""
-    return TABLES.get(capability, H200)[fmt]
+    table = TABLES.get(capability, H200)
+    if fmt not in table:
+        raise ValueError(f"fused_moe: no Triton tiles for {fmt} experts; tables exist for {', '.join(table)}")
+    return table[fmt]
 
 
 def lookup(capability: tuple[int, int], fmt: str, pairs_per_expert: float) -> Row:

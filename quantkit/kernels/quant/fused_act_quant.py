@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ...formats import e8m0, fp8_block, mxfp8
+from ... import formats
+from ...formats import e8m0
 from .. import dispatch
 from . import fused_act_quant_ref as ref
 from .group_quant import MODE_FLOAT, MODE_MX, MODE_UE8M0, quant_outputs, store_scales
@@ -175,10 +176,12 @@ def _act_quant_kernel(
 
 
 def _mode(fmt: str, scale_fmt: str) -> tuple[int, int, torch.dtype]:
-    """(MODE, group size, scale dtype) of a format."""
-    if fmt == "mxfp8":
-        return MODE_MX, mxfp8.BLOCK, torch.uint8
-    return (MODE_UE8M0 if scale_fmt == "ue8m0" else MODE_FLOAT), fp8_block.BLOCK, torch.float32
+    """(MODE, group size, scale dtype) of a format's activation scales: E8M0 bytes (MX), or F32 holding
+    powers of two (``ue8m0``) or IEEE quotients."""
+    grid = formats.get(fmt).act_scale
+    if grid.e8m0:
+        return MODE_MX, grid.cols, torch.uint8
+    return (MODE_UE8M0 if scale_fmt == "ue8m0" else MODE_FLOAT), grid.cols, torch.float32
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,8 @@
 * ``silu_mul_act_quant(gate [..., I], up [..., I], fmt, scale_fmt, rule)``: act_quant(silu(gate) * up);
 * ``swiglu_act_quant(gate_up [..., 2I] interleaved, fmt, scale_fmt, rule, alpha, limit)``: act_quant(GPT-OSS SwiGLU).
 
-Each returns E4M3 [..., K] and F32 [..., ceil(K/128)] (fmt "fp8-block") or U8 E8M0 [..., K/32] ("mxfp8") scales.
+Each returns E4M3 [..., K] and its format's scales (``fmt``, one of :func:`quantkit.formats.act_formats`): F32
+[..., ceil(K/128)] ("fp8-block") or U8 E8M0 [..., K/32] ("mxfp8").
 Each is the engine's unfused path with the float32 steps IEEE leaves open fixed, so a kernel matches it bit for bit
 anywhere: lane j of 128 adds x[j]**2, x[j + 128]**2, ... in order, then the lanes add pairwise (the engine's mean may
 differ in its last bits); exp is Cephes ``expf``, equal to torch's bfloat16 ``silu`` and ``sigmoid`` (tested).
@@ -14,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from ...formats import e8m0, fp8_block, mxfp8
+from ... import formats
+from ...formats import e8m0, fp8_block
 from .. import dispatch
 
-FORMATS = ("fp8-block", "mxfp8")
 ORDERS = ("hf", "f32")  # quantkit.engine.layers.norm.ORDERS
 DTYPES = (torch.bfloat16, torch.float32)
 SUMSQ_LANES = 128
@@ -109,25 +110,20 @@ def swiglu(gate_up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> t
 
 
 def act_quant(y: torch.Tensor, fmt: str, scale_fmt: str, rule: str, scale_mn: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The engine's activation quantization (qlinear.quantize_act)."""
-    if fmt == "fp8-block":
-        return fp8_block.quantize_act(y, scale_fmt, rule, scale_mn=scale_mn)
-    return mxfp8.quantize(y, rule)
+    """The engine's activation quantization (qlinear.quantize_act): the format's reference."""
+    return formats.get(fmt).quantize_act(y, scale_fmt, rule, scale_mn=scale_mn)
 
 
 # ---- argument checks, shared by every backend so they fail alike
 
 
 def check_fmt(fmt: str, scale_fmt: str, rule: str, k: int, scale_mn: bool = False) -> None:
-    if fmt not in FORMATS:
-        raise ValueError(f"activation format must be one of {FORMATS}, not {fmt!r}")
+    if fmt not in formats.act_formats():
+        raise ValueError(f"activation format must be one of {formats.act_formats()}, not {fmt!r}")
     if scale_fmt not in fp8_block.SCALE_FMTS:
         raise ValueError(f"scale format must be one of {fp8_block.SCALE_FMTS}, not {scale_fmt!r}")
     e8m0.check_rule(rule)
-    if fmt == "mxfp8" and k % mxfp8.BLOCK:
-        raise ValueError(f"MXFP8 needs K to be a multiple of {mxfp8.BLOCK}, got {k}")
-    if scale_mn and fmt != "fp8-block":
-        raise ValueError(f"MN-major scales (scale_mn) are an fp8-block layout, not {fmt}'s")
+    formats.get(fmt).check_act(scale_fmt, k, scale_mn)
 
 
 def _check_dtype(what: str, t: torch.Tensor) -> None:

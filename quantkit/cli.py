@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "eval": "quantkit.commands.eval:eval_group",
     "serve": "quantkit.commands.serve:serve",
     "kernels": "quantkit.commands.kernels:kernels",
+    "bench": "quantkit.commands.bench:bench",
 }
 
 

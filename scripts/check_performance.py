@@ -15,7 +15,15 @@ measurement recorded them), and this script proves every number in them comes fr
   ``f"{100 * v:.{d}f}"``) is the token, and a text value matches the numbers written in it. The row's
   provenance (device, versions, command, date, source) is not matched against.
 - Every row of a marked (AREA, TABLE) must cover at least one line, so a row cannot go unshown.
-- Every row carries device, versions, command, date and source, and its command appears verbatim in the doc.
+- Every row carries device, versions, command, date and source, and its command (as run today, below) appears
+  verbatim in the doc.
+
+Two kinds of row are read.  The flat rows written by hand from the measurement notebook: ``table``, the values,
+and the provenance keys above.  And the records ``quantkit bench`` writes (``"schema": "quantkit.bench/1"``, see
+quantkit/bench/record.py) with a ``table`` and a ``source`` added: their values are the record's parameters and
+metrics, the device and versions its environment.  A row recorded before the benchmarks moved into
+``quantkit bench`` names the script it ran, ``python scripts/{bench_,}NAME.py ARGS``; the same run is
+``quantkit bench NAME ARGS`` now (underscores in NAME become dashes), and that is the form the doc must show.
 
 Exits 1 with one line per problem (doc line number and text); prints a count of checked lines on success.
 """
@@ -32,6 +40,24 @@ ROOT = Path(__file__).resolve().parent.parent
 MARKER = re.compile(r"<!--\s*rows:\s*(\S+)\s+(\S+)\s*-->")
 NUMBER = re.compile(r"\d+(?:\.\d+)?")
 PROVENANCE = ("device", "versions", "command", "date", "source")
+SCHEMA = "quantkit.bench/1"
+SCRIPT = re.compile(r"python scripts/(?:bench_)?(\w+)\.py")  # a benchmark's command before `quantkit bench`
+
+
+def current_command(command: str) -> str:
+    """A recorded command as it is run today (the script bench_fused_quant.py -> ``quantkit bench fused-quant``)."""
+    return SCRIPT.sub(lambda m: "quantkit bench " + m.group(1).replace("_", "-"), command)
+
+
+def doc_row(row: dict) -> dict:
+    """A row as the check reads it: a flat row as it is, a ``quantkit bench`` record flattened (values = its
+    parameters and metrics; device and versions from its environment)."""
+    if row.get("schema") != SCHEMA:
+        return row
+    env = row.get("env", {})
+    versions = ", ".join(f"{k} {v}" for k, v in env.items() if k != "device")
+    return {"table": row.get("table"), **row.get("params", {}), **row.get("metrics", {}), "device": env.get("device"),
+            "versions": versions, "command": row.get("command"), "date": row.get("date"), "source": row.get("source")}
 
 
 def load_rows(results: Path) -> dict[tuple[str, str], list[dict]]:
@@ -40,7 +66,7 @@ def load_rows(results: Path) -> dict[tuple[str, str], list[dict]]:
     for path in sorted(results.glob("*.jsonl")):
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if line.strip():
-                row = json.loads(line)
+                row = doc_row(json.loads(line))
                 row["_where"] = f"{path.name}:{n}"
                 tables.setdefault((path.stem, row["table"]), []).append(row)
     return tables
@@ -92,8 +118,8 @@ def check(doc: Path, results: Path) -> tuple[list[str], int]:
             missing = [k for k in PROVENANCE if not row.get(k)]
             if missing:
                 problems.append(f"{row['_where']}: no {', '.join(missing)}")
-            elif row["command"] not in text:
-                problems.append(f"{row['_where']}: its command is not in {doc.name}: {row['command']}")
+            elif current_command(row["command"]) not in text:
+                problems.append(f"{row['_where']}: its command is not in {doc.name}: {current_command(row['command'])}")
     for header, marker, body in doc_tables(lines):
         m = MARKER.fullmatch(marker or "")
         if not m:

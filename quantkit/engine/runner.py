@@ -84,7 +84,7 @@ class StagedTables:
     grew writes its new blocks alone (a decode step adds a block to a sequence once every ``block_size`` steps),
     rows whose sequences moved up (the ones before them left the batch) move in runs, one copy each, and only a
     sequence new to the batch is written whole.  Converting every entry from Python ints each step took 1.2 ms
-    a step at 256 sequences of 36 blocks (scripts/host_overhead.py).
+    a step at 256 sequences of 36 blocks (quantkit bench host-overhead).
 
     The stride is the widest table rounded up to ``CHUNK`` columns, so the layout changes rarely; entries past a
     sequence's blocks hold the scratch block.  Each step copies the staged rows to the device tables' first

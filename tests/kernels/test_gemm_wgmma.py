@@ -8,7 +8,7 @@ is there, the promotion overlaps the tensor core (``wgmma.wait_group 1``), and p
 serialises the wgmma pipeline (its C7514 / C7517 diagnostics) nor spills more than a few
 registers.  The numbers are checked on the H200 by tests/kernels/test_gemm.py's GPU tests (the
 table and every config against the dequantizing reference; test_fused_moe.py's for the MoE
-kernel) and timed by scripts/bench_kernels.py and scripts/sweep_moe_prefill.py --wgmma.
+kernel) and timed by quantkit bench kernels and quantkit bench sweep-moe-prefill --wgmma.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Launch configurations of the Triton attention kernels, as data: the first matching row wins.  Compiled rows were
-measured on the H200 (scripts/bench_attention.py, sweep_decode.py) and serve every CUDA device.
+measured on the H200 (quantkit bench attention, sweep-decode) and serve every CUDA device.
 """
 
 from __future__ import annotations

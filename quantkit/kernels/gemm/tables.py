@@ -1,4 +1,4 @@
-"""Tuning tables of the GEMM ops, one per device kind, measured on the H200 with ``scripts/bench_kernels.py``.
+"""Tuning tables of the GEMM ops, one per device kind, measured on the H200 with ``quantkit bench kernels``.
 
 :mod:`.select` runs the first :class:`Row` whose M and K ranges hold the call and whose kernel can run it.
 """

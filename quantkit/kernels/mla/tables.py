@@ -25,7 +25,7 @@ class MLAConfig:
 
 MLA = (
     Row("interpreter", MLAConfig(16, 16, 1, 1), INTERPRETER),
-    Row("compiled", MLAConfig(), "fastest of bench_mla's sweep at DeepSeek-V3 size: 2.58 ms vs 6.30 for h16/n32/w4 (B 128, ctx 16384), "
+    Row("compiled", MLAConfig(), "fastest of quantkit bench mla's sweep at DeepSeek-V3 size: 2.58 ms vs 6.30 for h16/n32/w4 (B 128, ctx 16384), "
         "though it spills some registers"),
 )
 SPLITS = {"programs_per_sm": 0, "max_splits": 64}  # at least two programs per SM, rounded up

@@ -31,7 +31,7 @@ from ..triton_numerics import (
     wraps,
 )
 
-# Launch configs that bench_formats.py --sweep times, row 0 the default (SR_TUNING: stochastic); all give the same bytes.
+# Launch configs that quantkit bench formats --sweep times, row 0 the default (SR_TUNING: stochastic); all give the same bytes.
 TUNING: tuple[dict, ...] = (
     {"num_warps": 8},  # default: one pass (rows unset), the tile in registers
     {"num_warps": 4},  # more registers a thread

@@ -40,7 +40,7 @@ LOG2E: tl.constexpr = tl.constexpr(ref.LOG2E)
 EXP_C1: tl.constexpr = tl.constexpr(ref.EXP_C1)
 EXP_C2: tl.constexpr = tl.constexpr(ref.EXP_C2)
 P0, P1, P2, P3, P4, P5 = (tl.constexpr(c) for c in ref.EXP_P)
-# Launch configs that bench_fused_quant.py --sweep times, row 0 the default; all give the same bytes.
+# Launch configs that quantkit bench fused-quant --sweep times, row 0 the default; all give the same bytes.
 NORM_TUNING: tuple[dict, ...] = (
     {"block_m": 4, "unroll": 4, "groups": 8, "num_warps": 4},  # default
     {"block_m": 8, "unroll": 4, "groups": 4, "num_warps": 8},  # more rows a program

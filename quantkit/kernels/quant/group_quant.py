@@ -39,7 +39,7 @@ from ..triton_numerics import (
 )
 
 MODE_MX, MODE_FLOAT, MODE_UE8M0 = 0, 1, 2  # the kernel's MODE
-# Launch configs that bench_formats.py --sweep times, row 0 the default; all give the same bytes.
+# Launch configs that quantkit bench formats --sweep times, row 0 the default; all give the same bytes.
 # tile = (rows, groups) a program, cut to the tensor's size.
 MX_TUNING: tuple[dict, ...] = (
     {"tile": (4, 32), "num_warps": 4},  # default: the fastest on the H200 for GPT-OSS-120B experts

@@ -16,7 +16,7 @@ from .. import dispatch
 from ..triton_numerics import PRIORITY, available, cdiv, e8m0_decode
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Launch configs that bench_formats.py --sweep times, row 0 the default; all give the same bytes.
+# Launch configs that quantkit bench formats --sweep times, row 0 the default; all give the same bytes.
 TUNING: tuple[dict[str, int], ...] = (
     {"block_n": 128, "num_warps": 4},  # default: 128 MX blocks (4096 outputs) a program
     {"block_n": 64, "num_warps": 4},  # more programs

@@ -106,6 +106,34 @@ def test_a_front_that_dies_stops_the_server_and_frees_its_requests(ckpt, monkeyp
     s.server_close()
 
 
+def test_an_engine_thread_that_fails_stops_the_server_with_its_error(ckpt, monkeypatch):
+    from quantkit.serve.request import EngineBroken
+    from quantkit.serve.server import STOPPED
+
+    s = build(str(ckpt("qwen3")), port=0, dtype="float32", act_quant=False, max_model_len=256, kv_cache_gib=0.01,
+              max_num_batched_tokens=64, block_size=8)
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            s.serve("warning")
+        except BaseException as e:  # noqa: BLE001  (the test reads it)
+            errors.append(e)
+
+    server = threading.Thread(target=serve)
+    server.start()
+    assert s._up.wait(60)
+
+    def has_work():
+        raise RuntimeError("a bug in the engine's loop")
+
+    monkeypatch.setattr(s.engine, "has_work", has_work)
+    server.join(timeout=60)
+    assert not server.is_alive() and len(errors) == 1 and isinstance(errors[0], EngineBroken)
+    assert "a bug in the engine's loop" in str(errors[0]) and all(f.returncode in STOPPED for f in s.fronts)
+    s.server_close()
+
+
 def test_a_front_count_below_one_is_refused(ckpt):
     with pytest.raises(ValueError, match="api_servers"):
         build(str(ckpt("qwen3")), port=0, dtype="float32", max_model_len=64, kv_cache_gib=0.01, api_servers=0)

@@ -167,7 +167,12 @@ class EngineClient:
             self._gone()
 
     def _answer(self, sid: int, result) -> None:
-        fut, (sink, items) = self.waiting.pop(sid), self.sinks.pop(sid)
+        fut, entry = self.waiting.pop(sid, None), self.sinks.pop(sid, None)
+        if fut is None or entry is None:  # stopped meanwhile: what the engine took must not run on
+            if not isinstance(result, BaseException):
+                self.send(("abort", result))
+            return None
+        sink, items = entry
         if isinstance(result, BaseException):
             return None if fut.cancelled() else fut.set_exception(result)
         views = [RequestView(rid, i, prompt, params, sid, detok=d) for rid, (i, prompt, params, _, d) in zip(result, items)]

@@ -87,7 +87,10 @@ class EngineLoop(threading.Thread):
     def run(self) -> None:
         try:
             self._loop()
-        except EngineBroken as e:
+        except Exception as e:  # a lost rank (EngineBroken), or a bug of this thread's: the server stops with it
+            if not isinstance(e, EngineBroken):
+                traceback.print_exc(file=sys.stderr)
+                e = EngineBroken(f"the engine thread failed: {type(e).__name__}: {e}")
             self.error = e
             print(f"error: {e}", file=sys.stderr, flush=True)
             self.broadcast(("broken", str(e)))

@@ -19,11 +19,31 @@ from .test_http import call, events
 from .test_scheduler import recompute
 
 
+def make(ckpt, fronts: int = 1):
+    return build(str(ckpt("qwen3")), port=0, dtype="float32", act_quant=False, max_model_len=256, kv_cache_gib=0.01,
+                 max_num_batched_tokens=64, block_size=8, api_servers=fronts)
+
+
 def start(ckpt, fronts: int):
-    s = build(str(ckpt("qwen3")), port=0, dtype="float32", act_quant=False, max_model_len=256, kv_cache_gib=0.01,
-              max_num_batched_tokens=64, block_size=8, api_servers=fronts)
+    s = make(ckpt, fronts)
     s.start_background()
     return s
+
+
+def serving(s) -> tuple[threading.Thread, list[BaseException]]:
+    """``s.serve()`` in a thread, up when this returns; what it raised lands in the list."""
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            s.serve("warning")
+        except BaseException as e:  # noqa: BLE001  (the test reads it)
+            errors.append(e)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    assert s._up.wait(60)
+    return thread, errors
 
 
 def idle(s) -> bool:
@@ -62,19 +82,8 @@ def test_two_fronts_answer_every_request_as_the_model_does(ckpt, model):
 def test_a_front_that_dies_stops_the_server_and_frees_its_requests(ckpt, monkeypatch):
     from quantkit.serve.server import STOPPED
 
-    s = build(str(ckpt("qwen3")), port=0, dtype="float32", act_quant=False, max_model_len=256, kv_cache_gib=0.01,
-              max_num_batched_tokens=64, block_size=8, api_servers=2)
-    errors: list[BaseException] = []
-
-    def serve() -> None:
-        try:
-            s.serve("warning")
-        except BaseException as e:  # noqa: BLE001  (the test reads it)
-            errors.append(e)
-
-    server = threading.Thread(target=serve)
-    server.start()
-    assert s._up.wait(60)
+    s = make(ckpt, 2)
+    server, errors = serving(s)
     held, real = threading.Event(), s.engine.step
 
     def step():  # the first step waits until the test has killed a front
@@ -110,19 +119,8 @@ def test_an_engine_thread_that_fails_stops_the_server_with_its_error(ckpt, monke
     from quantkit.serve.request import EngineBroken
     from quantkit.serve.server import STOPPED
 
-    s = build(str(ckpt("qwen3")), port=0, dtype="float32", act_quant=False, max_model_len=256, kv_cache_gib=0.01,
-              max_num_batched_tokens=64, block_size=8)
-    errors: list[BaseException] = []
-
-    def serve() -> None:
-        try:
-            s.serve("warning")
-        except BaseException as e:  # noqa: BLE001  (the test reads it)
-            errors.append(e)
-
-    server = threading.Thread(target=serve)
-    server.start()
-    assert s._up.wait(60)
+    s = make(ckpt)
+    server, errors = serving(s)
 
     def has_work():
         raise RuntimeError("a bug in the engine's loop")
